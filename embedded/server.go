@@ -1,0 +1,270 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// Version is reported by Ping.
+const Version = "v2.4.0-embedded"
+
+// maxGRPCMessage is the real server's default GRPC_BODY_LIMIT, both ways.
+const maxGRPCMessage = 100 << 20
+
+// Options configure a Server. The zero value is an in-memory server with the real server's
+// defaults.
+type Options struct {
+	DataDir      string        // "" = in memory
+	Strict       bool          // refuse hazardous usage patterns (kubemq-api.md 8, 9)
+	Logger       *zap.Logger   // nil = nop
+	Host         string        // PingResult.Host; default os hostname with dots as underscores
+	MaxRetention time.Duration // default 24h, like the real server
+
+	// MaxMessageBytes bounds one message (body + metadata + tags). Default 100 MiB - 64 KiB, so
+	// that a message always fits in one gRPC frame with its envelope.
+	MaxMessageBytes int
+	// FsyncInterval is how often the log is fsynced in the background. Every acknowledged write
+	// has already reached the OS (survives a process kill); the interval bounds what an OS crash
+	// or power loss can take. Default 1s; negative = never (the OS decides).
+	FsyncInterval time.Duration
+	// FsyncEveryWrite makes every group commit fsync before acknowledging: power-loss safe, slower.
+	FsyncEveryWrite bool
+	// SegmentBytes is the size at which the log rolls to a new segment. Default 64 MiB.
+	SegmentBytes int64
+	// SubscriptionBuffer is the per-subscription send buffer (GRPC_SUB_BUFF_SIZE). Default 100.
+	SubscriptionBuffer int
+	// Now is the clock; nil = time.Now. Tests may inject one.
+	Now func() time.Time
+}
+
+func (o *Options) setDefaults() error {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Host == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "localhost"
+		}
+		o.Host = strings.ReplaceAll(h, ".", "_")
+	}
+	if o.MaxRetention == 0 {
+		o.MaxRetention = 24 * time.Hour
+	}
+	if o.MaxRetention < 0 {
+		return errors.New("embedded: MaxRetention must not be negative")
+	}
+	if o.MaxMessageBytes == 0 {
+		o.MaxMessageBytes = maxGRPCMessage - 64<<10
+	}
+	if o.MaxMessageBytes < 0 || o.MaxMessageBytes > maxGRPCMessage {
+		return fmt.Errorf("embedded: MaxMessageBytes %d out of range 1..%d", o.MaxMessageBytes, maxGRPCMessage)
+	}
+	if o.FsyncInterval == 0 {
+		o.FsyncInterval = time.Second
+	}
+	if o.SegmentBytes == 0 {
+		o.SegmentBytes = 64 << 20
+	}
+	if o.SegmentBytes < 1<<20 {
+		return errors.New("embedded: SegmentBytes must be at least 1 MiB")
+	}
+	if o.SubscriptionBuffer <= 0 {
+		o.SubscriptionBuffer = 100
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+// Server is an in-process KubeMQ-compatible gRPC server. Create it with New, then Serve on a
+// listener; Stop ends it.
+type Server struct {
+	kubemqpb.UnimplementedKubemqServer
+
+	opts  Options
+	log   *zap.Logger
+	grpc  *grpc.Server
+	start time.Time
+	store *logStore // nil in memory
+
+	// ctx is cancelled by Stop: every stream handler and background goroutine watches it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // tracked goroutines (see go)
+
+	// mu guards the name maps below; each queue and channel has its own lock for its contents.
+	mu       sync.RWMutex
+	queues   map[string]*queue
+	channels map[string]*eventChannel
+	durables map[string]*durable // events-store durable cursors by key
+	storeIDs map[string]bool     // ClientIDs holding an events-store subscription
+	plain    *plainBus
+
+	delays *delayer
+	strict strictCounters
+
+	nextStreamID uint64 // guarded by mu
+
+	stopOnce  sync.Once
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New builds a server; with DataDir set it opens (and recovers) the log there.
+func New(opts Options) (*Server, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts:     opts,
+		log:      opts.Logger.Named("kubemq-embedded"),
+		start:    opts.Now(),
+		queues:   map[string]*queue{},
+		channels: map[string]*eventChannel{},
+		durables: map[string]*durable{},
+		storeIDs: map[string]bool{},
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.plain = newPlainBus()
+	s.delays = newDelayer(s)
+	if opts.DataDir != "" {
+		st, err := openLogStore(opts.DataDir, s)
+		if err != nil {
+			s.cancel()
+			return nil, err
+		}
+		s.store = st
+	}
+	s.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		grpc.MaxSendMsgSize(maxGRPCMessage),
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
+		grpc.ChainStreamInterceptor(recoverStream(s.log)),
+	)
+	kubemqpb.RegisterKubemqServer(s.grpc, s)
+	s.delays.start()
+	s.goTracked(s.housekeeping)
+	return s, nil
+}
+
+// GRPCServer returns the gRPC server with the kubemq.kubemq service registered, for callers that
+// want to serve it themselves (Serve does the same on one listener).
+func (s *Server) GRPCServer() *grpc.Server { return s.grpc }
+
+// Serve accepts connections on lis until Stop or Close.
+func (s *Server) Serve(lis net.Listener) error {
+	err := s.grpc.Serve(lis)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Stop ends every open stream with Unavailable, stops accepting calls, waits for background work,
+// flushes and closes the store. It is idempotent.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() {
+		s.cancel()
+		done := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			s.grpc.Stop()
+			<-done
+		}
+		s.wg.Wait()
+		if s.store != nil {
+			s.closeErr = s.store.close()
+		}
+	})
+}
+
+// Close is Stop, returning the store's close error.
+func (s *Server) Close() error {
+	s.Stop()
+	return s.closeErr
+}
+
+// goTracked runs f in a goroutine that Stop waits for; f must return when s.ctx is done.
+func (s *Server) goTracked(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+func (s *Server) now() time.Time { return s.opts.Now() }
+
+// errShutdown is how streams end when the server stops (kubemq-api.md 5.5 shape 5).
+func errShutdown() error {
+	return status.Error(codes.Unavailable, "error reading from server: EOF")
+}
+
+// Ping reports host, version and uptime.
+func (s *Server) Ping(context.Context, *kubemqpb.Empty) (*kubemqpb.PingResult, error) {
+	now := s.now()
+	return &kubemqpb.PingResult{
+		Host:                s.opts.Host,
+		Version:             Version,
+		ServerStartTime:     s.start.Unix(),
+		ServerUpTimeSeconds: int64(now.Sub(s.start) / time.Second),
+	}, nil
+}
+
+// housekeeping applies retention and store maintenance once a second.
+func (s *Server) housekeeping() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.applyRetention()
+			if s.store != nil {
+				s.store.maintain()
+			}
+		}
+	}
+}
+
+func recoverUnary(log *zap.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.Stack("stack"))
+				err = status.Errorf(codes.Internal, "internal error: %v", r)
+			}
+		}()
+		return h(ctx, req)
+	}
+}
+
+func recoverStream(log *zap.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in stream handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.Stack("stack"))
+				err = status.Errorf(codes.Internal, "internal error: %v", r)
+			}
+		}()
+		return h(srv, ss)
+	}
+}

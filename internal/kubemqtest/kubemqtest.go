@@ -1,0 +1,60 @@
+// Package kubemqtest gives tests a KubeMQ server: the one named by $KUBEMQ_ADDRESS, or an
+// embedded server in strict mode started for the test.
+package kubemqtest
+
+import (
+	"net"
+	"os"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kubemq-io/kubemq-proxy/embedded"
+)
+
+// EnvAddress names the environment variable that points tests at an external KubeMQ server.
+const EnvAddress = "KUBEMQ_ADDRESS"
+
+// External reports whether tests run against an external server ($KUBEMQ_ADDRESS set).
+func External() bool { return os.Getenv(EnvAddress) != "" }
+
+// Address returns host:port of a KubeMQ server for tests: $KUBEMQ_ADDRESS if set, otherwise an
+// embedded server in strict mode on 127.0.0.1:0 with a t.TempDir() data dir, stopped at
+// t.Cleanup.
+func Address(t testing.TB) string {
+	t.Helper()
+	if a := os.Getenv(EnvAddress); a != "" {
+		return a
+	}
+	addr, _ := StartEmbedded(t, embedded.Options{Strict: true, DataDir: t.TempDir()})
+	return addr
+}
+
+// StartEmbedded starts an embedded server with opts on 127.0.0.1:0 and stops it at t.Cleanup.
+// A nil opts.Logger becomes a zaptest logger.
+func StartEmbedded(t testing.TB, opts embedded.Options) (addr string, srv *embedded.Server) {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t)
+	}
+	srv, err := embedded.New(opts)
+	if err != nil {
+		t.Fatalf("kubemqtest: start embedded server: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		srv.Stop()
+		t.Fatalf("kubemqtest: listen: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		if err := srv.Close(); err != nil {
+			t.Errorf("kubemqtest: close embedded server: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("kubemqtest: serve: %v", err)
+		}
+	})
+	return lis.Addr().String(), srv
+}

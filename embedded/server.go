@@ -113,6 +113,7 @@ type Server struct {
 	channels map[string]*eventChannel
 	durables map[string]*durable // events-store durable cursors by key
 	storeIDs map[string]bool     // ClientIDs holding an events-store subscription
+	openTx   map[string]*dsTx    // open downstream transactions of every stream, by id
 	plain    *plainBus
 
 	delays *delayer
@@ -138,6 +139,7 @@ func New(opts Options) (*Server, error) {
 		channels: map[string]*eventChannel{},
 		durables: map[string]*durable{},
 		storeIDs: map[string]bool{},
+		openTx:   map[string]*dsTx{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.plain = newPlainBus()

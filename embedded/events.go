@@ -1,0 +1,596 @@
+package embedded
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// cursorSaveEvery bounds how many events a durable cursor may run ahead of its last log record;
+// after a crash a resumed durable replays at most that many (at-least-once, where the real
+// server's cursor is at-most-once).
+const cursorSaveEvery = 1000
+
+// storedEvent is one events-store event; e is never mutated after it is stored.
+type storedEvent struct {
+	e   *kubemqpb.EventReceive
+	seg uint32
+}
+
+// eventChannel is one events-store channel. mu guards everything below it.
+type eventChannel struct {
+	name    string
+	mu      sync.Mutex
+	first   uint64 // sequence of events[0]; last+1 when empty
+	last    uint64
+	events  []*storedEvent
+	notify  chan struct{} // closed at the next append when waiting is set
+	waiting bool
+}
+
+func (s *Server) getChannel(name string, create bool) *eventChannel {
+	s.mu.RLock()
+	c := s.channels[name]
+	s.mu.RUnlock()
+	if c != nil || !create {
+		return c
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c = s.channels[name]; c == nil {
+		c = &eventChannel{name: name, first: 1, notify: make(chan struct{})}
+		s.channels[name] = c
+	}
+	return c
+}
+
+// appendLocked stores e with the next sequence and a timestamp, and wakes readers.
+func (c *eventChannel) appendLocked(s *Server, e *kubemqpb.EventReceive, now int64) uint64 {
+	c.last++
+	e.Sequence = c.last
+	e.Timestamp = now
+	lsn, seg := s.logEvent(e)
+	c.events = append(c.events, &storedEvent{e: e, seg: seg})
+	if c.waiting {
+		close(c.notify)
+		c.notify = make(chan struct{})
+		c.waiting = false
+	}
+	return lsn
+}
+
+// readFrom returns up to max events from sequence seq on (from the first retained one if seq is
+// older), or none and a channel closed at the next append.
+func (c *eventChannel) readFrom(seq uint64, max int) ([]*storedEvent, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if seq < c.first {
+		seq = c.first
+	}
+	if seq > c.last {
+		c.waiting = true
+		return nil, c.notify
+	}
+	i := int(seq - c.first)
+	j := min(len(c.events), i+max)
+	out := make([]*storedEvent, j-i)
+	copy(out, c.events[i:j])
+	return out, nil
+}
+
+// startCursor turns a start mode into the last sequence considered already delivered.
+func (c *eventChannel) startCursor(mode kubemqpb.Subscribe_EventsStoreType, v int64, now time.Time) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch mode {
+	case kubemqpb.Subscribe_StartFromFirst:
+		return c.first - 1
+	case kubemqpb.Subscribe_StartFromLast:
+		if c.last >= c.first {
+			return c.last - 1
+		}
+		return c.last
+	case kubemqpb.Subscribe_StartAtSequence:
+		n := uint64(v)
+		switch {
+		case n > c.last:
+			return c.last
+		case n < c.first:
+			return c.first - 1
+		default:
+			return n - 1
+		}
+	case kubemqpb.Subscribe_StartAtTime, kubemqpb.Subscribe_StartAtTimeDelta:
+		from := v
+		if mode == kubemqpb.Subscribe_StartAtTimeDelta {
+			from = now.Add(-time.Duration(v) * time.Second).UnixNano()
+		}
+		// Events are appended in time order, so the first one at or after from is found by
+		// binary search.
+		lo, hi := 0, len(c.events)
+		for lo < hi {
+			m := (lo + hi) / 2
+			if c.events[m].e.Timestamp < from {
+				lo = m + 1
+			} else {
+				hi = m
+			}
+		}
+		return c.first + uint64(lo) - 1
+	default: // StartNewOnly
+		return c.last
+	}
+}
+
+// durable is an events-store durable cursor: per (ClientID, channel) with no group, per
+// (channel, group) with one (kubemq-api.md 5.3). mu guards the fields below it.
+type durable struct {
+	key     string
+	channel string
+	ch      *eventChannel
+
+	mu      sync.Mutex
+	cursor  uint64 // last sequence handed to a member
+	saved   uint64 // cursor value last written to the log
+	members []*storeMember
+	rr      int
+	running bool
+}
+
+// storeMember is one subscription stream of a durable.
+type storeMember struct {
+	out  chan *kubemqpb.EventReceive
+	gone chan struct{}
+	sent uint64 // last sequence sent to the client; owned by the stream handler until gone closes
+	left bool   // guarded by the durable's mu
+}
+
+func durableKey(clientID, channel, group string) string {
+	if group == "" {
+		return "c\x00" + clientID + "\x00" + channel
+	}
+	return "g\x00" + channel + "\x00" + group
+}
+
+// dispatch hands the durable's events to its members round-robin until it has none. It is the
+// only writer of d.cursor while running.
+func (s *Server) dispatch(d *durable) {
+	for {
+		d.mu.Lock()
+		if len(d.members) == 0 {
+			d.running = false
+			d.mu.Unlock()
+			s.saveCursor(d)
+			return
+		}
+		cur := d.cursor
+		d.mu.Unlock()
+		evs, notify := d.ch.readFrom(cur+1, 256)
+		if len(evs) == 0 {
+			s.saveCursor(d)
+			select {
+			case <-notify:
+			case <-s.ctx.Done():
+				return
+			case <-time.After(time.Second): // re-check membership now and then
+			}
+			continue
+		}
+		for _, ev := range evs {
+			if !s.handOut(d, ev.e) {
+				break
+			}
+		}
+	}
+}
+
+// handOut gives one event to the next member; false when there is none left or the server stops.
+func (s *Server) handOut(d *durable, e *kubemqpb.EventReceive) bool {
+	for {
+		d.mu.Lock()
+		if len(d.members) == 0 {
+			d.mu.Unlock()
+			return false
+		}
+		d.rr++
+		m := d.members[d.rr%len(d.members)]
+		d.mu.Unlock()
+		select {
+		case m.out <- e:
+			d.mu.Lock()
+			if m.left {
+				// Left while we picked it: the event is handed out again to another member.
+				d.mu.Unlock()
+				continue
+			}
+			d.cursor = e.Sequence
+			save := d.cursor-d.saved >= cursorSaveEvery
+			d.mu.Unlock()
+			if save {
+				s.saveCursor(d)
+			}
+			return true
+		case <-m.gone:
+		case <-s.ctx.Done():
+			return false
+		}
+	}
+}
+
+func (s *Server) saveCursor(d *durable) {
+	d.mu.Lock()
+	cur := d.cursor
+	dirty := cur != d.saved
+	d.saved = cur
+	d.mu.Unlock()
+	if dirty {
+		s.logCursor(d.key, d.channel, cur)
+	}
+}
+
+// plainSub is one plain-events subscription.
+type plainSub struct {
+	pattern string
+	group   string
+	out     chan *kubemqpb.EventReceive
+	gone    chan struct{}
+}
+
+// plainBus routes plain events to live subscribers. mu guards subs and rr.
+type plainBus struct {
+	mu   sync.RWMutex
+	subs map[*plainSub]struct{}
+	rr   map[string]uint64
+}
+
+func newPlainBus() *plainBus {
+	return &plainBus{subs: map[*plainSub]struct{}{}, rr: map[string]uint64{}}
+}
+
+// publish hands e to every matching subscriber without a group and to one member of each
+// matching group.
+func (s *Server) publishPlain(e *kubemqpb.EventReceive) {
+	b := s.plain
+	var targets []*plainSub
+	groups := map[string][]*plainSub{}
+	b.mu.RLock()
+	for sub := range b.subs {
+		if !subjectMatch(sub.pattern, e.Channel) {
+			continue
+		}
+		if sub.group == "" {
+			targets = append(targets, sub)
+		} else {
+			k := sub.pattern + "\x00" + sub.group
+			groups[k] = append(groups[k], sub)
+		}
+	}
+	b.mu.RUnlock()
+	if len(groups) > 0 {
+		b.mu.Lock()
+		for k, members := range groups {
+			b.rr[k]++
+			// Map order is random, so pick by a stable order: the lowest channel address wins ties.
+			sortSubs(members)
+			targets = append(targets, members[b.rr[k]%uint64(len(members))])
+		}
+		b.mu.Unlock()
+	}
+	for _, sub := range targets {
+		select {
+		case sub.out <- e:
+			continue
+		default:
+		}
+		// Plain events are fire-and-forget: a subscriber that stays full for 2 s loses the event,
+		// like on the real server.
+		t := time.NewTimer(2 * time.Second)
+		select {
+		case sub.out <- e:
+		case <-sub.gone:
+		case <-t.C:
+			s.log.Warn("plain event dropped due to slow consumer", zap.String("channel", e.Channel))
+		case <-s.ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+func sortSubs(subs []*plainSub) {
+	for i := 1; i < len(subs); i++ {
+		for j := i; j > 0 && subs[j].pattern+subs[j].group < subs[j-1].pattern+subs[j-1].group; j-- {
+			subs[j], subs[j-1] = subs[j-1], subs[j]
+		}
+	}
+}
+
+func internalErr(msg string) error { return status.Error(codes.Internal, msg) }
+
+// checkEvent validates a publish like the real server, plus the name and size checks its store
+// would fail on later. It returns "" or the error text.
+func (s *Server) checkEvent(e *kubemqpb.Event) string {
+	if e.ClientID == "" {
+		return errClientID
+	}
+	kind := kindEvents
+	if e.Store {
+		kind = kindEventsStore
+	}
+	if msg := checkChannel(e.Channel, kind); msg != "" {
+		return msg
+	}
+	if e.Metadata == "" && len(e.Body) == 0 {
+		return errMessageEmpty
+	}
+	n := len(e.Body) + len(e.Metadata) + len(e.EventID)
+	for k, v := range e.Tags {
+		n += len(k) + len(v)
+	}
+	if n > s.opts.MaxMessageBytes {
+		return errTooLarge(n, s.opts.MaxMessageBytes)
+	}
+	return ""
+}
+
+// publish stores or routes one event. It returns the result and, for the store, the log
+// position to wait for before acknowledging.
+func (s *Server) publish(e *kubemqpb.Event) (*kubemqpb.Result, uint64, string) {
+	if msg := s.checkEvent(e); msg != "" {
+		return &kubemqpb.Result{EventID: e.EventID, Error: msg}, 0, msg
+	}
+	id := e.EventID
+	if id == "" {
+		id = nuids.next()
+	}
+	ev := &kubemqpb.EventReceive{EventID: id, Channel: e.Channel, Metadata: e.Metadata, Body: e.Body, Tags: e.Tags}
+	var lsn uint64
+	if e.Store {
+		c := s.getChannel(e.Channel, true)
+		c.mu.Lock()
+		lsn = c.appendLocked(s, ev, s.now().UnixNano())
+		c.mu.Unlock()
+	} else {
+		s.publishPlain(ev)
+	}
+	return &kubemqpb.Result{EventID: id, Sent: true}, lsn, ""
+}
+
+// SendEvent publishes one event. Unlike the real server, an events-store Result is returned only
+// once the event is durable, so Sent=true is never a lost event.
+func (s *Server) SendEvent(_ context.Context, e *kubemqpb.Event) (*kubemqpb.Result, error) {
+	res, lsn, msg := s.publish(e)
+	if msg != "" {
+		return nil, internalErr(msg)
+	}
+	if err := s.waitLog(lsn); err != nil {
+		res.Sent, res.Error = false, err.Error()
+	}
+	return res, nil
+}
+
+// SendEventsStream publishes a stream of events: one Result per events-store event (sent once it
+// is durable, in order), and for plain events a Result only on error.
+func (s *Server) SendEventsStream(stream grpc.BidiStreamingServer[kubemqpb.Event, kubemqpb.Result]) error {
+	type pending struct {
+		res *kubemqpb.Result
+		lsn uint64
+	}
+	out := make(chan pending, 1024)
+	sendErr := make(chan error, 1)
+	go func() {
+		var failed error
+		for p := range out {
+			if failed != nil {
+				continue
+			}
+			if err := s.waitLog(p.lsn); err != nil {
+				p.res.Sent, p.res.Error = false, err.Error()
+			}
+			if err := stream.Send(p.res); err != nil {
+				failed = err
+			}
+		}
+		sendErr <- failed
+	}()
+	in := receiver(stream.Context(), stream.Recv)
+	recvErr := func() error {
+		for {
+			var r recvd[kubemqpb.Event]
+			select {
+			case <-s.ctx.Done():
+				return errShutdown()
+			case r = <-in:
+			}
+			if r.err != nil {
+				return r.err
+			}
+			res, lsn, msg := s.publish(r.m)
+			if msg != "" || r.m.Store {
+				out <- pending{res: res, lsn: lsn}
+			}
+		}
+	}()
+	close(out)
+	serr := <-sendErr
+	if recvErr == io.EOF {
+		return serr
+	}
+	return recvErr
+}
+
+// checkSubscribe validates a subscription like the real server (same order), plus names its
+// store would fail on.
+func checkSubscribe(sub *kubemqpb.Subscribe, store bool) string {
+	if sub.ClientID == "" {
+		return errClientID
+	}
+	if sub.Channel == "" {
+		return errChannelEmpty
+	}
+	if !store && sub.EventsStoreTypeData != kubemqpb.Subscribe_EventsStoreTypeUndefined {
+		if msg := checkChannel(sub.Channel, kindEventsSub); msg == errEndDot || msg == errWhitespace {
+			return msg
+		}
+		return errStoreParams
+	}
+	kind := kindEventsSub
+	if store {
+		kind = kindEventsStore
+	}
+	if msg := checkChannel(sub.Channel, kind); msg != "" {
+		return msg
+	}
+	if store {
+		switch sub.EventsStoreTypeData {
+		case kubemqpb.Subscribe_EventsStoreTypeUndefined:
+			return errSubType
+		case kubemqpb.Subscribe_StartAtSequence:
+			if sub.EventsStoreTypeValue <= 0 {
+				return errStartSeq
+			}
+		case kubemqpb.Subscribe_StartAtTime:
+			if sub.EventsStoreTypeValue <= 0 {
+				return errStartTime
+			}
+		case kubemqpb.Subscribe_StartAtTimeDelta:
+			if sub.EventsStoreTypeValue <= 0 {
+				return errStartDelta
+			}
+		case kubemqpb.Subscribe_StartNewOnly, kubemqpb.Subscribe_StartFromFirst, kubemqpb.Subscribe_StartFromLast:
+		default:
+			return errSubType
+		}
+		if why := unsafeName(sub.Group, maxEventsChannelLen, false); sub.Group != "" && why != "" {
+			return "Error 102: invalid group value, " + why
+		}
+	}
+	return ""
+}
+
+// SubscribeToEvents streams plain events (type Events) or events-store events (type EventsStore).
+func (s *Server) SubscribeToEvents(sub *kubemqpb.Subscribe, stream grpc.ServerStreamingServer[kubemqpb.EventReceive]) error {
+	var store bool
+	switch sub.SubscribeTypeData {
+	case kubemqpb.Subscribe_Events:
+	case kubemqpb.Subscribe_EventsStore:
+		store = true
+	default:
+		return internalErr(errSubscribeType)
+	}
+	if msg := checkSubscribe(sub, store); msg != "" {
+		return internalErr(msg)
+	}
+	if store {
+		return s.subscribeStore(sub, stream)
+	}
+	ps := &plainSub{pattern: sub.Channel, group: sub.Group, out: make(chan *kubemqpb.EventReceive, s.opts.SubscriptionBuffer), gone: make(chan struct{})}
+	s.plain.mu.Lock()
+	s.plain.subs[ps] = struct{}{}
+	s.plain.mu.Unlock()
+	defer func() {
+		s.plain.mu.Lock()
+		delete(s.plain.subs, ps)
+		s.plain.mu.Unlock()
+		close(ps.gone)
+	}()
+	ctx := stream.Context()
+	for {
+		select {
+		case e := <-ps.out:
+			if err := stream.Send(e); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return nil
+		case <-s.ctx.Done():
+			return errShutdown()
+		}
+	}
+}
+
+func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStreamingServer[kubemqpb.EventReceive]) error {
+	s.mu.Lock()
+	if s.storeIDs[sub.ClientID] {
+		s.mu.Unlock()
+		return internalErr(errClientIDInUse)
+	}
+	s.storeIDs[sub.ClientID] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.storeIDs, sub.ClientID)
+		s.mu.Unlock()
+	}()
+
+	ch := s.getChannel(sub.Channel, true)
+	key := durableKey(sub.ClientID, sub.Channel, sub.Group)
+	s.mu.Lock()
+	d := s.durables[key]
+	created := d == nil
+	if created {
+		d = &durable{key: key, channel: sub.Channel, ch: ch}
+		d.cursor = ch.startCursor(sub.EventsStoreTypeData, sub.EventsStoreTypeValue, s.now())
+		s.durables[key] = d
+	}
+	s.mu.Unlock()
+	if created {
+		d.mu.Lock()
+		d.saved = d.cursor
+		d.mu.Unlock()
+		s.logCursor(key, sub.Channel, d.saved)
+	}
+
+	m := &storeMember{out: make(chan *kubemqpb.EventReceive, s.opts.SubscriptionBuffer), gone: make(chan struct{})}
+	d.mu.Lock()
+	m.sent = d.cursor
+	d.members = append(d.members, m)
+	start := !d.running
+	d.running = true
+	d.mu.Unlock()
+	if start {
+		s.goTracked(func() { s.dispatch(d) })
+	}
+	err := s.serveMember(stream, m)
+	d.mu.Lock()
+	m.left = true
+	for i, x := range d.members {
+		if x == m {
+			d.members = append(d.members[:i], d.members[i+1:]...)
+			break
+		}
+	}
+	// A lone member's buffered, unsent events are not lost: the cursor goes back to what was
+	// actually sent (the real server loses them, kubemq-api.md 5.3).
+	if len(d.members) == 0 && m.sent < d.cursor && sub.Group == "" {
+		d.cursor = m.sent
+	}
+	d.mu.Unlock()
+	close(m.gone)
+	s.saveCursor(d)
+	return err
+}
+
+func (s *Server) serveMember(stream grpc.ServerStreamingServer[kubemqpb.EventReceive], m *storeMember) error {
+	ctx := stream.Context()
+	for {
+		select {
+		case e := <-m.out:
+			if err := stream.Send(e); err != nil {
+				return err
+			}
+			m.sent = e.Sequence
+		case <-ctx.Done():
+			return nil
+		case <-s.ctx.Done():
+			return errShutdown()
+		}
+	}
+}

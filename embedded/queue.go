@@ -1,0 +1,416 @@
+package embedded
+
+import (
+	"sort"
+	"sync"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// Limits of the real server's default configuration (kubemq-api.md 3.4, 5.4).
+const (
+	defaultMaxReceiveCount = 1024
+	maxExpirationSeconds   = 43200
+	maxDelaySeconds        = 43200
+	maxVisibilitySeconds   = 43200
+	defaultVisibility      = 60
+	maxWaitSeconds         = 3600
+	maxReceiveMessages     = 1024
+	defaultGetMaxItems     = 200000
+	minGetWaitMillis       = 1000
+)
+
+// qmsg is one stored copy of a queue message. m is never mutated after it is stored: deliveries
+// get a fresh envelope (see delivery) that shares Body and Tags.
+type qmsg struct {
+	m    *kubemqpb.QueueMessage // Attributes: Timestamp, Sequence, stored ReceiveCount, ReRouted...
+	seg  uint32                 // log segment holding the record (persistence)
+	size int64
+}
+
+// deliveryOverhead approximates a delivered message's envelope, so that a response built up to
+// a byte budget stays inside one gRPC message.
+const deliveryOverhead = 256
+
+// maxDeliveryBytes is the byte budget of one response carrying messages.
+const maxDeliveryBytes = maxGRPCMessage - 4<<20
+
+func (qm *qmsg) cost() int64 { return qm.size + deliveryOverhead }
+
+func (qm *qmsg) seq() uint64     { return qm.m.Attributes.Sequence }
+func (qm *qmsg) storedRC() int32 { return qm.m.Attributes.ReceiveCount }
+func (qm *qmsg) maxRC() int32    { return qm.m.Policy.MaxReceiveCount }
+func (qm *qmsg) expiredAt(now int64) bool {
+	e := qm.m.Attributes.ExpirationAt
+	return e != 0 && now >= e
+}
+
+// delivery is the message as a consumer sees it on its rc-th delivery.
+func (qm *qmsg) delivery(rc int32) *kubemqpb.QueueMessage {
+	m := qm.m
+	a := m.Attributes
+	p := m.Policy
+	return &kubemqpb.QueueMessage{
+		MessageID: m.MessageID,
+		ClientID:  m.ClientID,
+		Channel:   m.Channel,
+		Metadata:  m.Metadata,
+		Body:      m.Body,
+		Tags:      m.Tags,
+		Attributes: &kubemqpb.QueueMessageAttributes{
+			Timestamp:         a.Timestamp,
+			Sequence:          a.Sequence,
+			ReceiveCount:      rc,
+			ReRouted:          a.ReRouted,
+			ReRoutedFromQueue: a.ReRoutedFromQueue,
+			ExpirationAt:      a.ExpirationAt,
+		},
+		Policy: &kubemqpb.QueueMessagePolicy{
+			ExpirationSeconds: p.ExpirationSeconds,
+			DelaySeconds:      p.DelaySeconds,
+			MaxReceiveCount:   p.MaxReceiveCount,
+			MaxReceiveQueue:   p.MaxReceiveQueue,
+		},
+	}
+}
+
+func messageSize(m *kubemqpb.QueueMessage) int64 {
+	n := int64(len(m.Body) + len(m.Metadata) + len(m.MessageID) + len(m.ClientID) + len(m.Channel))
+	for k, v := range m.Tags {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+// waiter is a consumer (a Get, a receive) waiting for messages. It is owned by the queue's mutex
+// while listed in queue.waiters.
+type waiter struct {
+	max      int
+	maxBytes int64
+	got      []*qmsg
+	bytes    int64
+	done     chan struct{} // closed when full
+	full     bool
+}
+
+func (w *waiter) add(qm *qmsg) {
+	w.got = append(w.got, qm)
+	w.bytes += qm.cost()
+	if len(w.got) >= w.max || w.bytes >= w.maxBytes {
+		w.full = true
+		close(w.done)
+	}
+}
+
+// queue is one KubeMQ queue. mu guards every field below it.
+type queue struct {
+	s    *Server
+	name string
+
+	mu        sync.Mutex
+	lastSeq   uint64
+	ready     []*qmsg // visible messages ordered by sequence; ready[head:] is live
+	head      int
+	held      int64 // messages taken by a consumer and not settled
+	count     int64 // stored messages (ready + held)
+	bytes     int64
+	sent      int64
+	delivered int64
+	waiters   []*waiter
+	consumers int64 // downstream Gets waiting or holding, streams holding (QueuesInfo Subscribers)
+
+	// txOwner is the downstream transaction that currently holds or waits on this queue; strict
+	// mode allows one at a time (kubemq-api.md 8.8).
+	txOwner *dsTx
+}
+
+// getQueue returns the named queue, creating it when create is set (queues appear on first send).
+func (s *Server) getQueue(name string, create bool) *queue {
+	s.mu.RLock()
+	q := s.queues[name]
+	s.mu.RUnlock()
+	if q != nil || !create {
+		return q
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q = s.queues[name]; q == nil {
+		q = &queue{s: s, name: name}
+		s.queues[name] = q
+	}
+	return q
+}
+
+// appendLocked stores m as a new copy at the tail with the next sequence and hands it to a waiter
+// if there is one. It returns the log position to wait for before acknowledging.
+func (q *queue) appendLocked(m *kubemqpb.QueueMessage, now int64) uint64 {
+	q.lastSeq++
+	m.Attributes.Sequence = q.lastSeq
+	m.Attributes.Timestamp = now
+	qm := &qmsg{m: m, size: messageSize(m)}
+	lsn, seg := q.s.logQueueMsg(m)
+	qm.seg = seg
+	q.count++
+	q.bytes += qm.size
+	q.sent++
+	q.offerLocked(qm)
+	return lsn
+}
+
+// offerLocked makes qm visible: to the least-served waiter, or into ready in sequence order.
+func (q *queue) offerLocked(qm *qmsg) {
+	if len(q.waiters) > 0 {
+		best := 0
+		for i, w := range q.waiters {
+			if len(w.got) < len(q.waiters[best].got) {
+				best = i
+			}
+		}
+		w := q.waiters[best]
+		q.held++
+		q.delivered++
+		w.add(qm)
+		if w.full {
+			q.waiters = append(q.waiters[:best], q.waiters[best+1:]...)
+		}
+		return
+	}
+	n := len(q.ready)
+	if n == q.head || q.ready[n-1].seq() < qm.seq() {
+		q.ready = append(q.ready, qm)
+		return
+	}
+	// A message given back keeps its sequence, so it goes back in order.
+	live := q.ready[q.head:]
+	i := sort.Search(len(live), func(i int) bool { return live[i].seq() > qm.seq() })
+	q.ready = append(q.ready, nil)
+	copy(q.ready[q.head+i+1:], q.ready[q.head+i:])
+	q.ready[q.head+i] = qm
+}
+
+func (q *queue) popLocked() *qmsg {
+	if q.head >= len(q.ready) {
+		return nil
+	}
+	qm := q.ready[q.head]
+	q.ready[q.head] = nil
+	q.head++
+	if q.head == len(q.ready) {
+		q.ready = q.ready[:0]
+		q.head = 0
+	} else if q.head > 1024 && q.head*2 > len(q.ready) {
+		n := copy(q.ready, q.ready[q.head:])
+		clear(q.ready[n:])
+		q.ready = q.ready[:n]
+		q.head = 0
+	}
+	return qm
+}
+
+func (q *queue) waitingLocked() int64 { return int64(len(q.ready) - q.head) }
+
+// pendingMove is a cross-queue write decided under one queue's lock and done after it is
+// released, so no two queue locks are ever held together.
+type pendingMove struct {
+	to string
+	m  *kubemqpb.QueueMessage
+}
+
+// takeLocked removes up to max visible messages (and maxBytes) for a consumer. Expired messages
+// and messages over their receive limit met on the way are removed (the latter dead-lettered
+// through moves) and counted, like the real server does during a read.
+func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg) (out []*qmsg, expired int, moves []pendingMove) {
+	var bytes int64
+	for _, qm := range got {
+		bytes += qm.cost()
+	}
+	var dropped []uint64
+	for len(got) < max && bytes < maxBytes {
+		qm := q.popLocked()
+		if qm == nil {
+			break
+		}
+		if qm.expiredAt(now) {
+			expired++
+			dropped = append(dropped, qm.seq())
+			q.forgetLocked(qm)
+			continue
+		}
+		if qm.storedRC() >= qm.maxRC() {
+			if mv, ok := deadLetter(q.name, qm); ok {
+				moves = append(moves, mv)
+			}
+			dropped = append(dropped, qm.seq())
+			q.forgetLocked(qm)
+			continue
+		}
+		got = append(got, qm)
+		bytes += qm.cost()
+		q.held++
+		q.delivered++
+	}
+	if len(dropped) > 0 {
+		q.s.logQueueDel(q.name, dropped)
+	}
+	return got, expired, moves
+}
+
+// forgetLocked drops a stored copy from the counters (it is no longer in ready or held).
+func (q *queue) forgetLocked(qm *qmsg) {
+	q.count--
+	q.bytes -= qm.size
+	q.s.releaseSeg(qm.seg)
+}
+
+// settleLocked removes held copies for good (ack, or the source side of a move).
+func (q *queue) settleLocked(qms []*qmsg) {
+	if len(qms) == 0 {
+		return
+	}
+	seqs := make([]uint64, len(qms))
+	for i, qm := range qms {
+		seqs[i] = qm.seq()
+		q.held--
+		q.forgetLocked(qm)
+	}
+	q.s.logQueueDel(q.name, seqs)
+}
+
+// giveBackLocked returns held copies unchanged (same sequence, same stored receive count): what
+// the real server does when a transaction or stream closes.
+func (q *queue) giveBackLocked(qms []*qmsg) {
+	for _, qm := range qms {
+		q.held--
+		q.offerLocked(qm)
+	}
+}
+
+func (q *queue) removeWaiterLocked(w *waiter) {
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+// deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (kubemq-api.md
+// 5.4.5: ReRouted, source queue, receive count 0, empty policy).
+func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
+	dlq := qm.m.Policy.MaxReceiveQueue
+	if dlq == "" {
+		return pendingMove{}, false
+	}
+	m := qm.m
+	return pendingMove{to: dlq, m: &kubemqpb.QueueMessage{
+		MessageID: m.MessageID,
+		ClientID:  m.ClientID,
+		Channel:   dlq,
+		Metadata:  m.Metadata,
+		Body:      m.Body,
+		Tags:      m.Tags,
+		Attributes: &kubemqpb.QueueMessageAttributes{
+			ReRouted:          true,
+			ReRoutedFromQueue: from,
+		},
+		Policy: &kubemqpb.QueueMessagePolicy{MaxReceiveCount: defaultMaxReceiveCount},
+	}}, true
+}
+
+// requeueCopy is qm moved to another queue by ReQueue or Resend: new copy, receive count reset.
+func requeueCopy(from, to string, qm *qmsg, rerouted bool) *kubemqpb.QueueMessage {
+	m := qm.m
+	a := &kubemqpb.QueueMessageAttributes{ExpirationAt: m.Attributes.ExpirationAt}
+	if rerouted {
+		a.ReRouted = true
+		a.ReRoutedFromQueue = from
+	}
+	p := m.Policy
+	return &kubemqpb.QueueMessage{
+		MessageID: m.MessageID, ClientID: m.ClientID, Channel: to, Metadata: m.Metadata,
+		Body: m.Body, Tags: m.Tags, Attributes: a, Policy: &kubemqpb.QueueMessagePolicy{
+			ExpirationSeconds: p.ExpirationSeconds, DelaySeconds: p.DelaySeconds,
+			MaxReceiveCount: p.MaxReceiveCount, MaxReceiveQueue: p.MaxReceiveQueue,
+		},
+	}
+}
+
+// nackCopy is the re-appended copy after a nack that stays within the receive limit: the stored
+// receive count becomes the delivered one.
+func nackCopy(qm *qmsg, shownRC int32) *kubemqpb.QueueMessage {
+	m := qm.m
+	a := m.Attributes
+	p := m.Policy
+	return &kubemqpb.QueueMessage{
+		MessageID: m.MessageID, ClientID: m.ClientID, Channel: m.Channel, Metadata: m.Metadata,
+		Body: m.Body, Tags: m.Tags,
+		Attributes: &kubemqpb.QueueMessageAttributes{
+			ReceiveCount: shownRC, ReRouted: a.ReRouted, ReRoutedFromQueue: a.ReRoutedFromQueue,
+			ExpirationAt: a.ExpirationAt,
+		},
+		Policy: &kubemqpb.QueueMessagePolicy{
+			ExpirationSeconds: p.ExpirationSeconds, DelaySeconds: p.DelaySeconds,
+			MaxReceiveCount: p.MaxReceiveCount, MaxReceiveQueue: p.MaxReceiveQueue,
+		},
+	}
+}
+
+// nackLocked applies the dead-letter rule to held copies delivered with the given receive
+// counts: re-append at the tail (same queue, under the held lock) or return a move to the DLQ.
+// The originals are settled after their replacement is logged, so a crash can duplicate but not
+// lose.
+func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
+	for i, qm := range qms {
+		if shown[i]+1 > qm.maxRC() {
+			if mv, ok := deadLetter(q.name, qm); ok {
+				moves = append(moves, mv)
+			}
+			continue
+		}
+		lsn = q.appendLocked(nackCopy(qm, shown[i]), now)
+	}
+	if len(moves) == 0 {
+		q.settleLocked(qms)
+	}
+	return lsn, moves
+}
+
+// applyMoves appends moved copies to their queues. It returns the last log position.
+func (s *Server) applyMoves(moves []pendingMove, now int64) uint64 {
+	var lsn uint64
+	for _, mv := range moves {
+		q := s.getQueue(mv.to, true)
+		q.mu.Lock()
+		lsn = q.appendLocked(mv.m, now)
+		q.mu.Unlock()
+	}
+	return lsn
+}
+
+// nack is nackLocked plus its dead-letter moves, with the originals settled only after the moved
+// copies are logged.
+func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
+	now := s.now().UnixNano()
+	q.mu.Lock()
+	_, moves := q.nackLocked(qms, shown, now)
+	q.mu.Unlock()
+	if len(moves) > 0 {
+		s.applyMoves(moves, now)
+		q.mu.Lock()
+		q.settleLocked(qms)
+		q.mu.Unlock()
+	}
+}
+
+// moveTo moves held copies of q to another queue (ReQueue, Resend): copy first, then settle.
+func (s *Server) moveTo(q *queue, qms []*qmsg, to string, rerouted bool) {
+	now := s.now().UnixNano()
+	moves := make([]pendingMove, len(qms))
+	for i, qm := range qms {
+		moves[i] = pendingMove{to: to, m: requeueCopy(q.name, to, qm, rerouted)}
+	}
+	s.applyMoves(moves, now)
+	q.mu.Lock()
+	q.settleLocked(qms)
+	q.mu.Unlock()
+}

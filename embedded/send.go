@@ -1,0 +1,228 @@
+package embedded
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// checkQueueMessage validates a message for sending, in the real server's order (client id,
+// name, empty message, then policy limits), plus the name and size checks the real store would
+// fail on later.
+func (s *Server) checkQueueMessage(m *kubemqpb.QueueMessage) string {
+	if m == nil {
+		return errInvalidQueueMsg
+	}
+	if m.ClientID == "" {
+		return errClientID
+	}
+	if e := checkChannel(m.Channel, kindQueue); e != "" {
+		return e
+	}
+	if m.Metadata == "" && len(m.Body) == 0 {
+		return errMessageEmpty
+	}
+	if n := messageSize(m); n > int64(s.opts.MaxMessageBytes) {
+		return errTooLarge(int(n), s.opts.MaxMessageBytes)
+	}
+	if p := m.Policy; p != nil {
+		if p.ExpirationSeconds < 0 || p.ExpirationSeconds > maxExpirationSeconds {
+			return errExpiration
+		}
+		if p.DelaySeconds < 0 || p.DelaySeconds > maxDelaySeconds {
+			return errDelay
+		}
+		if p.MaxReceiveCount < 0 || p.MaxReceiveCount > defaultMaxReceiveCount {
+			return errMaxReceiveCount
+		}
+		if p.MaxReceiveQueue != "" {
+			if e := checkChannel(p.MaxReceiveQueue, kindQueue); e != "" {
+				return e + " (MaxReceiveQueue)"
+			}
+		}
+	}
+	return ""
+}
+
+// sendQueue validates and stores one message. The result is final except that the caller must
+// wait for the returned log position before handing it out.
+func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.SendQueueMessageResult, uint64) {
+	if e := s.checkQueueMessage(m); e != "" {
+		res := &kubemqpb.SendQueueMessageResult{IsError: true, Error: e}
+		if m != nil {
+			res.MessageID = m.MessageID
+		}
+		return res, 0
+	}
+	id := m.MessageID
+	if id == "" {
+		id = nuids.next()
+	}
+	var p kubemqpb.QueueMessagePolicy
+	if m.Policy != nil {
+		p.ExpirationSeconds = m.Policy.ExpirationSeconds
+		p.DelaySeconds = m.Policy.DelaySeconds
+		p.MaxReceiveCount = m.Policy.MaxReceiveCount
+		p.MaxReceiveQueue = m.Policy.MaxReceiveQueue
+	}
+	if p.MaxReceiveCount == 0 {
+		p.MaxReceiveCount = defaultMaxReceiveCount
+	}
+	ns := now.UnixNano()
+	var delayedTo, expAt int64
+	if p.DelaySeconds > 0 {
+		delayedTo = ns + int64(p.DelaySeconds)*int64(time.Second)
+	}
+	if p.ExpirationSeconds > 0 {
+		expAt = ns + int64(p.DelaySeconds+p.ExpirationSeconds)*int64(time.Second)
+	}
+	stored := &kubemqpb.QueueMessage{
+		MessageID: id, ClientID: m.ClientID, Channel: m.Channel, Metadata: m.Metadata,
+		Body: m.Body, Tags: m.Tags,
+		Attributes: &kubemqpb.QueueMessageAttributes{ExpirationAt: expAt, DelayedTo: delayedTo},
+		Policy:     &p,
+	}
+	var lsn uint64
+	if delayedTo != 0 {
+		lsn = s.delays.add(stored)
+	} else {
+		q := s.getQueue(m.Channel, true)
+		q.mu.Lock()
+		lsn = q.appendLocked(stored, ns)
+		q.mu.Unlock()
+	}
+	return &kubemqpb.SendQueueMessageResult{MessageID: id, SentAt: ns, ExpirationAt: expAt, DelayedTo: delayedTo}, lsn
+}
+
+// durable waits until the log holds everything up to lsn; on failure every result that was not
+// already an error becomes one.
+func (s *Server) durable(lsn uint64, results ...*kubemqpb.SendQueueMessageResult) {
+	if err := s.waitLog(lsn); err != nil {
+		for _, r := range results {
+			if !r.IsError {
+				r.IsError, r.Error, r.SentAt = true, "Error 130: error during send message to queue: "+err.Error(), 0
+			}
+		}
+	}
+}
+
+// SendQueueMessage stores one message and answers once it is durable.
+func (s *Server) SendQueueMessage(_ context.Context, m *kubemqpb.QueueMessage) (*kubemqpb.SendQueueMessageResult, error) {
+	res, lsn := s.sendQueue(m, s.now())
+	s.durable(lsn, res)
+	return res, nil
+}
+
+func (s *Server) sendBatch(msgs []*kubemqpb.QueueMessage) ([]*kubemqpb.SendQueueMessageResult, bool, uint64) {
+	now := s.now()
+	results := make([]*kubemqpb.SendQueueMessageResult, len(msgs))
+	var last uint64
+	haveErrors := false
+	for i, m := range msgs {
+		res, lsn := s.sendQueue(m, now)
+		results[i] = res
+		if lsn > last {
+			last = lsn
+		}
+		haveErrors = haveErrors || res.IsError
+	}
+	return results, haveErrors, last
+}
+
+// SendQueueMessagesBatch stores many messages (any queues) and answers once all are durable.
+func (s *Server) SendQueueMessagesBatch(_ context.Context, req *kubemqpb.QueueMessagesBatchRequest) (*kubemqpb.QueueMessagesBatchResponse, error) {
+	if len(req.Messages) == 0 {
+		return nil, status.Error(codes.Unknown, errEmptyBatch)
+	}
+	results, haveErrors, lsn := s.sendBatch(req.Messages)
+	s.durable(lsn, results...)
+	for _, r := range results {
+		haveErrors = haveErrors || r.IsError
+	}
+	return &kubemqpb.QueueMessagesBatchResponse{BatchID: req.BatchID, Results: results, HaveErrors: haveErrors}, nil
+}
+
+// QueuesUpstream stores each request as one batch. Requests are stored in arrival order; the
+// replies are sent as each batch becomes durable (group commit lets many batches share a write).
+func (s *Server) QueuesUpstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesUpstreamRequest, kubemqpb.QueuesUpstreamResponse]) error {
+	type pending struct {
+		res *kubemqpb.QueuesUpstreamResponse
+		lsn uint64
+	}
+	out := make(chan pending, 256)
+	sendErr := make(chan error, 1)
+	go func() {
+		// The only sender on this stream; exits when out is closed.
+		var failed error
+		for p := range out {
+			if failed != nil {
+				continue
+			}
+			s.durable(p.lsn, p.res.Results...)
+			if err := stream.Send(p.res); err != nil {
+				failed = err
+			}
+		}
+		sendErr <- failed
+	}()
+	in := receiver(stream.Context(), stream.Recv)
+	recvErr := func() error {
+		for {
+			var r recvd[kubemqpb.QueuesUpstreamRequest]
+			select {
+			case <-s.ctx.Done():
+				return errShutdown()
+			case r = <-in:
+			}
+			if r.err != nil {
+				return r.err
+			}
+			req := r.m
+			if len(req.Messages) == 0 {
+				out <- pending{res: &kubemqpb.QueuesUpstreamResponse{RefRequestID: req.RequestID, IsError: true, Error: errEmptyBatch}}
+				continue
+			}
+			results, _, lsn := s.sendBatch(req.Messages)
+			out <- pending{res: &kubemqpb.QueuesUpstreamResponse{RefRequestID: req.RequestID, Results: results}, lsn: lsn}
+		}
+	}()
+	close(out)
+	serr := <-sendErr
+	if recvErr == io.EOF {
+		return serr
+	}
+	return recvErr
+}
+
+// recvd is one result of a stream's Recv.
+type recvd[T any] struct {
+	m   *T
+	err error
+}
+
+// receiver runs a stream's Recv loop in its own goroutine so that handlers can also watch the
+// server's shutdown. It exits on the first error or when the stream's context ends (which gRPC
+// does when the handler returns).
+func receiver[T any](ctx context.Context, recv func() (*T, error)) <-chan recvd[T] {
+	ch := make(chan recvd[T], 16)
+	go func() {
+		for {
+			m, err := recv()
+			select {
+			case ch <- recvd[T]{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}

@@ -1,0 +1,199 @@
+// Command kubemq-proxy serves Google Cloud Pub/Sub v1 (gRPC) and AMQP 0-9-1
+// clients and stores every message in KubeMQ: an external server, or an
+// embedded KubeMQ-compatible one when kubemq.address is empty.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"reflect"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kubemq-io/kubemq-proxy/proxy"
+)
+
+// exitConfig is the exit code for a bad configuration.
+const exitConfig = 2
+
+func main() {
+	cfg, err := loadConfig(os.Args[1:], os.Environ())
+	if err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", err)
+		os.Exit(exitConfig)
+	}
+	log, level, err := newLogger(cfg.Log)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", err)
+		os.Exit(exitConfig)
+	}
+	_ = level
+	defer log.Sync()
+	if err := run(cfg, log); err != nil {
+		log.Error("exiting", zap.Error(err))
+		log.Sync()
+		os.Exit(1)
+	}
+}
+
+func run(cfg proxy.Config, log *zap.Logger) error {
+	p, err := proxy.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := p.Start(ctx, frontends()); err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; shutting down")
+	case runErr = <-p.Errors():
+		log.Error("listener failed; shutting down", zap.Error(runErr))
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.Timeout)
+	defer cancel()
+	if err := p.Shutdown(sctx); err != nil {
+		log.Warn("shutdown incomplete", zap.Error(err))
+	}
+	log.Info("stopped")
+	return runErr
+}
+
+// loadConfig merges, lowest first: defaults, the config file (--config, or
+// ./config.yaml when present), KUBEMQ_PROXY_<KEY> environment variables
+// (dots become underscores), and flags named after the keys.
+func loadConfig(args, environ []string) (proxy.Config, error) {
+	def := proxy.Defaults()
+	v := viper.New()
+	fs := pflag.NewFlagSet("kubemq-proxy", pflag.ContinueOnError)
+	configFile := fs.String("config", "", "config file (default ./config.yaml when it exists)")
+	if err := addFlags(fs, v, "", reflect.ValueOf(def)); err != nil {
+		return def, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return def, err
+	}
+	if fs.NArg() > 0 {
+		return def, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case *configFile != "":
+		v.SetConfigFile(*configFile)
+		if err := v.ReadInConfig(); err != nil {
+			return def, fmt.Errorf("reading %s: %w", *configFile, err)
+		}
+	default:
+		if _, err := os.Stat("config.yaml"); err == nil {
+			v.SetConfigFile("config.yaml")
+			if err := v.ReadInConfig(); err != nil {
+				return def, fmt.Errorf("reading config.yaml: %w", err)
+			}
+		}
+	}
+	for _, kv := range environ {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, "KUBEMQ_PROXY_") {
+			continue
+		}
+		key := envKey(v, strings.TrimPrefix(k, "KUBEMQ_PROXY_"))
+		if key == "" {
+			return def, fmt.Errorf("environment variable %s names no config key", k)
+		}
+		if !fs.Changed(key) {
+			v.Set(key, val)
+		}
+	}
+	cfg := def
+	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+		)
+	})
+	if err != nil {
+		return def, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// envKey maps an environment suffix such as GCP_LISTEN or AMQP_TLS_LISTEN
+// to the known key it names (keys themselves contain underscores).
+func envKey(v *viper.Viper, suffix string) string {
+	want := strings.ToLower(suffix)
+	for _, k := range v.AllKeys() {
+		if strings.ReplaceAll(k, ".", "_") == want {
+			return k
+		}
+	}
+	return ""
+}
+
+// addFlags registers one flag per config leaf (gcp.listen, amqp.heartbeat,
+// ...) with the default as its value, and binds it into viper.
+func addFlags(fs *pflag.FlagSet, v *viper.Viper, prefix string, val reflect.Value) error {
+	t := val.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		key := f.Tag.Get("mapstructure")
+		if prefix != "" {
+			key = prefix + "." + key
+		}
+		fv := val.Field(i)
+		switch {
+		case f.Type == reflect.TypeOf(time.Duration(0)):
+			fs.Duration(key, time.Duration(fv.Int()), "")
+		case f.Type.Kind() == reflect.Struct:
+			if err := addFlags(fs, v, key, fv); err != nil {
+				return err
+			}
+			continue
+		case f.Type.Kind() == reflect.String:
+			fs.String(key, fv.String(), "")
+		case f.Type.Kind() == reflect.Bool:
+			fs.Bool(key, fv.Bool(), "")
+		case f.Type.Kind() == reflect.Int:
+			fs.Int(key, int(fv.Int()), "")
+		case f.Type.Kind() == reflect.Map:
+			v.SetDefault(key, map[string]string{}) // file or environment only
+			continue
+		default:
+			return fmt.Errorf("config field %s: unsupported type %s", key, f.Type)
+		}
+		if err := v.BindPFlag(key, fs.Lookup(key)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func newLogger(c proxy.LogConfig) (*zap.Logger, zap.AtomicLevel, error) {
+	level, err := zap.ParseAtomicLevel(c.Level)
+	if err != nil {
+		return nil, level, err
+	}
+	zc := zap.NewProductionConfig()
+	if c.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+	}
+	zc.Level = level
+	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	zc.DisableStacktrace = true
+	log, err := zc.Build()
+	return log, level, err
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/proxy"
+)
+
+func TestConfigYAMLMatchesDefaults(t *testing.T) {
+	// config.yaml documents every key with its default: loading it must give
+	// exactly Defaults(), and every leaf key must appear in it.
+	cfg, err := loadConfig([]string{"--config", "config.yaml"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := proxy.Defaults()
+	def.AMQP.Users = map[string]string{}
+	if cfg.AMQP.Users == nil {
+		cfg.AMQP.Users = map[string]string{}
+	}
+	if !equalConfig(cfg, def) {
+		t.Fatalf("config.yaml differs from Defaults():\n%+v\n%+v", cfg, def)
+	}
+}
+
+func equalConfig(a, b proxy.Config) bool {
+	return reflect.DeepEqual(a, b)
+}
+
+func TestPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	os.WriteFile(file, []byte("gcp:\n  listen: \":1111\"\nkubemq:\n  address: \"file:1\"\nlog:\n  level: warn\n"), 0o644)
+	cfg, err := loadConfig(
+		[]string{"--config", file, "--kubemq.address", "flag:3"},
+		[]string{"KUBEMQ_PROXY_KUBEMQ_ADDRESS=env:2", "KUBEMQ_PROXY_AMQP_TLS_LISTEN=:7777", "KUBEMQ_PROXY_AMQP_HEARTBEAT=5s", "OTHER=x"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GCP.Listen != ":1111" || cfg.KubeMQ.Address != "flag:3" || cfg.AMQP.TLSListen != ":7777" ||
+		cfg.AMQP.Heartbeat != 5*time.Second || cfg.Log.Level != "warn" || cfg.HTTP.Listen != ":9102" {
+		t.Fatalf("unexpected config %+v", cfg)
+	}
+	cfg, err = loadConfig([]string{"--config", file}, []string{"KUBEMQ_PROXY_KUBEMQ_ADDRESS=env:2"})
+	if err != nil || cfg.KubeMQ.Address != "env:2" {
+		t.Fatalf("env did not override file: %v %+v", err, cfg.KubeMQ)
+	}
+}
+
+func TestBadConfigIsOneLine(t *testing.T) {
+	dir := t.TempDir()
+	typo := filepath.Join(dir, "typo.yaml")
+	os.WriteFile(typo, []byte("gcp:\n  lisen: \":1\"\n"), 0o644)
+	cases := map[string]struct {
+		args []string
+		env  []string
+	}{
+		"bad flag value":   {args: []string{"--amqp.frame_max", "12"}},
+		"unknown flag":     {args: []string{"--nope"}},
+		"bad duration":     {env: []string{"KUBEMQ_PROXY_AMQP_HEARTBEAT=soon"}},
+		"unknown env key":  {env: []string{"KUBEMQ_PROXY_GCP_LISTN=:1"}},
+		"unknown file key": {args: []string{"--config", typo}},
+		"bad address":      {args: []string{"--kubemq.address", "nohost"}},
+	}
+	for name, c := range cases {
+		if _, err := loadConfig(c.args, c.env); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestExitCode2 runs the real binary's main with a bad flag.
+func TestExitCode2(t *testing.T) {
+	if os.Getenv("KMQP_TEST_MAIN") == "1" {
+		os.Args = []string{"kubemq-proxy", "--log.level", "loud"}
+		main()
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExitCode2$")
+	cmd.Env = append(os.Environ(), "KMQP_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit: %v, output %q", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "log.level") {
+		t.Fatalf("want one error line naming log.level, got %q", out)
+	}
+}

@@ -1,0 +1,204 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// Config is the proxy's whole configuration: one typed, validated struct.
+// main.go fills it from config.yaml, KUBEMQ_PROXY_* environment variables
+// and flags; nothing else reads configuration sources. The mapstructure
+// tags are the config keys (and, upper-cased with "." as "_", the
+// environment variable suffixes).
+type Config struct {
+	GCP      GCPConfig      `mapstructure:"gcp"`
+	AMQP     AMQPConfig     `mapstructure:"amqp"`
+	HTTP     HTTPConfig     `mapstructure:"http"`
+	KubeMQ   KubeMQConfig   `mapstructure:"kubemq"`
+	Embedded EmbeddedConfig `mapstructure:"embedded"`
+	Registry RegistryConfig `mapstructure:"registry"`
+	Log      LogConfig      `mapstructure:"log"`
+	Shutdown ShutdownConfig `mapstructure:"shutdown"`
+}
+
+// GCPConfig is the Pub/Sub v1 front-end (emulator mode: plaintext, no auth).
+type GCPConfig struct {
+	Listen string `mapstructure:"listen"`
+}
+
+// AMQPConfig is the AMQP 0-9-1 front-end.
+type AMQPConfig struct {
+	Listen    string `mapstructure:"listen"`
+	TLSListen string `mapstructure:"tls_listen"`
+	CertFile  string `mapstructure:"cert_file"`
+	KeyFile   string `mapstructure:"key_file"`
+	// ClientCAFile enables client certificates (SASL EXTERNAL) when set.
+	ClientCAFile string        `mapstructure:"client_ca_file"`
+	Heartbeat    time.Duration `mapstructure:"heartbeat"`
+	FrameMax     int           `mapstructure:"frame_max"`
+	ChannelMax   int           `mapstructure:"channel_max"`
+	// Users maps user names to passwords, "sha256:<hex>" hashed or plain.
+	// Empty means any credentials are accepted (like a local RabbitMQ's
+	// guest/guest, but for every name).
+	Users map[string]string `mapstructure:"users"`
+}
+
+// HTTPConfig is the side port: /healthz, /readyz, /metrics.
+type HTTPConfig struct {
+	Listen string `mapstructure:"listen"`
+}
+
+// KubeMQConfig selects the backend. An empty Address runs the embedded
+// server in the same process.
+type KubeMQConfig struct {
+	Address   string `mapstructure:"address"`
+	ClientID  string `mapstructure:"client_id"`
+	AuthToken string `mapstructure:"auth_token"`
+	TLS       bool   `mapstructure:"tls"`
+	CAFile    string `mapstructure:"ca_file"`
+	CertFile  string `mapstructure:"cert_file"`
+	KeyFile   string `mapstructure:"key_file"`
+	// ServerName overrides the TLS server name.
+	ServerName string `mapstructure:"server_name"`
+}
+
+// EmbeddedConfig configures the in-process KubeMQ-compatible server.
+type EmbeddedConfig struct {
+	Listen  string `mapstructure:"listen"`
+	DataDir string `mapstructure:"data_dir"`
+	// Strict refuses usage patterns that are hazardous on a real KubeMQ.
+	Strict bool `mapstructure:"strict"`
+}
+
+// RegistryConfig is the durable topology log.
+type RegistryConfig struct {
+	Channel          string        `mapstructure:"channel"`
+	SnapshotInterval time.Duration `mapstructure:"snapshot_interval"`
+}
+
+// LogConfig configures zap.
+type LogConfig struct {
+	Level  string `mapstructure:"level"`
+	Format string `mapstructure:"format"`
+}
+
+// ShutdownConfig bounds the graceful shutdown.
+type ShutdownConfig struct {
+	Timeout time.Duration `mapstructure:"timeout"`
+}
+
+// Defaults returns the configuration used when nothing is set. config.yaml
+// documents the same values.
+func Defaults() Config {
+	return Config{
+		GCP:  GCPConfig{Listen: ":8085"},
+		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047},
+		HTTP: HTTPConfig{Listen: ":9102"},
+		KubeMQ: KubeMQConfig{
+			ClientID: "kubemq-proxy",
+		},
+		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000"},
+		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
+		Log:      LogConfig{Level: "info", Format: "json"},
+		Shutdown: ShutdownConfig{Timeout: 15 * time.Second},
+	}
+}
+
+// Embedded reports whether the proxy runs its own backend.
+func (c *Config) UseEmbedded() bool { return c.KubeMQ.Address == "" }
+
+// AMQPTLSEnabled reports whether the AMQPS listener is active.
+func (c *Config) AMQPTLSEnabled() bool {
+	return c.AMQP.CertFile != "" && c.AMQP.KeyFile != "" && c.AMQP.TLSListen != ""
+}
+
+// Validate checks every value and returns the first problem as one line.
+func (c *Config) Validate() error {
+	addrs := []struct{ key, val string }{
+		{"gcp.listen", c.GCP.Listen},
+		{"amqp.listen", c.AMQP.Listen},
+		{"amqp.tls_listen", c.AMQP.TLSListen},
+		{"http.listen", c.HTTP.Listen},
+	}
+	if c.UseEmbedded() {
+		addrs = append(addrs, struct{ key, val string }{"embedded.listen", c.Embedded.Listen})
+	}
+	for _, a := range addrs {
+		if a.val == "" {
+			continue // disabled listener
+		}
+		if err := checkHostPort(a.val); err != nil {
+			return fmt.Errorf("%s: %q is not a valid listen address: %v", a.key, a.val, err)
+		}
+	}
+	if c.KubeMQ.Address != "" {
+		if err := checkHostPort(c.KubeMQ.Address); err != nil {
+			return fmt.Errorf("kubemq.address: %q is not host:port: %v", c.KubeMQ.Address, err)
+		}
+	}
+	if (c.AMQP.CertFile == "") != (c.AMQP.KeyFile == "") {
+		return errors.New("amqp.cert_file and amqp.key_file must be set together")
+	}
+	for _, f := range []struct{ key, val string }{
+		{"amqp.cert_file", c.AMQP.CertFile}, {"amqp.key_file", c.AMQP.KeyFile},
+		{"amqp.client_ca_file", c.AMQP.ClientCAFile}, {"kubemq.ca_file", c.KubeMQ.CAFile},
+		{"kubemq.cert_file", c.KubeMQ.CertFile}, {"kubemq.key_file", c.KubeMQ.KeyFile},
+	} {
+		if f.val == "" {
+			continue
+		}
+		if _, err := os.Stat(f.val); err != nil {
+			return fmt.Errorf("%s: %v", f.key, err)
+		}
+	}
+	if (c.KubeMQ.CertFile == "") != (c.KubeMQ.KeyFile == "") {
+		return errors.New("kubemq.cert_file and kubemq.key_file must be set together")
+	}
+	if c.AMQP.Heartbeat < 0 || c.AMQP.Heartbeat > 65535*time.Second {
+		return fmt.Errorf("amqp.heartbeat: %v is outside 0s..65535s", c.AMQP.Heartbeat)
+	}
+	if c.AMQP.FrameMax < 4096 || c.AMQP.FrameMax > 1<<20 {
+		return fmt.Errorf("amqp.frame_max: %d is outside 4096..1048576", c.AMQP.FrameMax)
+	}
+	if c.AMQP.ChannelMax < 1 || c.AMQP.ChannelMax > 65535 {
+		return fmt.Errorf("amqp.channel_max: %d is outside 1..65535", c.AMQP.ChannelMax)
+	}
+	if c.KubeMQ.ClientID == "" {
+		return errors.New("kubemq.client_id must not be empty")
+	}
+	if err := kubemqclient.ValidChannel(c.Registry.Channel); err != nil {
+		return fmt.Errorf("registry.channel: %v", err)
+	}
+	if c.Registry.SnapshotInterval < time.Minute || c.Registry.SnapshotInterval > 12*time.Hour {
+		return fmt.Errorf("registry.snapshot_interval: %v is outside 1m..12h (the backend keeps 24h)", c.Registry.SnapshotInterval)
+	}
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	if c.Log.Format != "json" && c.Log.Format != "console" {
+		return fmt.Errorf("log.format: %q is not json or console", c.Log.Format)
+	}
+	if c.Shutdown.Timeout <= 0 {
+		return fmt.Errorf("shutdown.timeout: %v must be positive", c.Shutdown.Timeout)
+	}
+	return nil
+}
+
+func checkHostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if port == "" {
+		return errors.New("missing port")
+	}
+	return nil
+}

@@ -1,0 +1,360 @@
+// Package proxy owns the process lifecycle: it starts the KubeMQ backend
+// (embedded or external), the topology registry, the protocol front-ends and
+// the HTTP side port, gates readiness on the backend and the registry, and
+// shuts everything down in order.
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/embedded"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// Frontend is a protocol front-end served on one listener. Serve blocks
+// until Shutdown (or a fatal listener error); Shutdown stops accepting,
+// closes client connections with the protocol's "going away" signal and
+// gives leases back.
+type Frontend interface {
+	Name() string
+	Serve(lis net.Listener) error
+	Shutdown(ctx context.Context) error
+}
+
+// FrontendFactory builds a front-end once the backend client and registry
+// exist. main.go passes the factories of the compiled-in front-ends.
+type FrontendFactory struct {
+	Name   string
+	Listen func(cfg *Config) []string // listen addresses; "" entries skipped
+	TLS    func(cfg *Config) []bool   // per address: wrap in the AMQPS config
+	New    func(deps Deps) (Frontend, error)
+}
+
+// Deps is what a front-end gets from the lifecycle.
+type Deps struct {
+	Config   *Config
+	Logger   *zap.Logger
+	Client   *kubemqclient.Client
+	Registry *registry.Registry
+	Metrics  prometheus.Registerer
+	// Ready reports nil when the backend is reachable and the registry replayed.
+	Ready func() error
+}
+
+// Proxy is one running kubemq-proxy.
+type Proxy struct {
+	cfg     Config
+	log     *zap.Logger
+	metrics *prometheus.Registry
+
+	embedded    *embedded.Server
+	embeddedLis net.Listener
+	client      *kubemqclient.Client
+	reg         *registry.Registry
+	httpSrv     *http.Server
+	httpLis     net.Listener
+
+	frontends []runningFrontend
+
+	wg       sync.WaitGroup
+	mu       sync.Mutex // guards stopping
+	stopping bool
+	errc     chan error
+}
+
+type runningFrontend struct {
+	fe   Frontend
+	lis  []net.Listener
+	name string
+}
+
+// New validates cfg; nothing is started until Start.
+func New(cfg Config, log *zap.Logger) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Proxy{cfg: cfg, log: log, metrics: prometheus.NewRegistry(), errc: make(chan error, 8)}, nil
+}
+
+// Start brings the proxy up: backend, client, registry replay, HTTP side
+// port, front-ends. Readiness (/readyz) turns on by itself once the backend
+// is reachable and the registry has replayed; Start does not wait for it,
+// so a slow backend does not keep the health endpoints down.
+func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err error) {
+	defer func() {
+		if err != nil {
+			p.Shutdown(context.Background())
+		}
+	}()
+	p.metrics.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+
+	address := p.cfg.KubeMQ.Address
+	if p.cfg.UseEmbedded() {
+		srv, err := embedded.New(embedded.Options{DataDir: p.cfg.Embedded.DataDir, Strict: p.cfg.Embedded.Strict, Logger: p.log.Named("embedded")})
+		if err != nil {
+			return fmt.Errorf("embedded server: %w", err)
+		}
+		p.embedded = srv
+		lis, err := net.Listen("tcp", p.cfg.Embedded.Listen)
+		if err != nil {
+			return fmt.Errorf("embedded.listen: %w", err)
+		}
+		p.embeddedLis = lis
+		address = lis.Addr().String()
+		p.log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", address), zap.String("data_dir", p.cfg.Embedded.DataDir))
+		p.goServe("embedded-kubemq", func() error { return srv.Serve(lis) })
+	}
+
+	copts := kubemqclient.Options{Address: address, ClientID: p.cfg.KubeMQ.ClientID, AuthToken: p.cfg.KubeMQ.AuthToken, Logger: p.log.Named("kubemq")}
+	if p.cfg.KubeMQ.TLS && !p.cfg.UseEmbedded() {
+		tc, err := p.clientTLS()
+		if err != nil {
+			return err
+		}
+		copts.TLS = tc
+	}
+	p.client, err = kubemqclient.Dial(ctx, copts)
+	if err != nil {
+		return fmt.Errorf("kubemq client: %w", err)
+	}
+
+	p.reg, err = registry.Open(ctx, registry.Options{Client: p.client, Channel: p.cfg.Registry.Channel, SnapshotInterval: p.cfg.Registry.SnapshotInterval, Logger: p.log.Named("registry")})
+	if err != nil {
+		return fmt.Errorf("registry: %w", err)
+	}
+
+	if p.cfg.HTTP.Listen != "" {
+		lis, err := net.Listen("tcp", p.cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("http.listen: %w", err)
+		}
+		p.httpLis = lis
+		p.httpSrv = &http.Server{Handler: p.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		p.log.Info("listening", zap.String("listener", "http"), zap.String("address", lis.Addr().String()))
+		p.goServe("http", func() error {
+			if err := p.httpSrv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+
+	deps := Deps{Config: &p.cfg, Logger: p.log, Client: p.client, Registry: p.reg, Metrics: p.metrics, Ready: p.Ready}
+	for _, f := range factories {
+		addrs := f.Listen(&p.cfg)
+		var tlsFlags []bool
+		if f.TLS != nil {
+			tlsFlags = f.TLS(&p.cfg)
+		}
+		fe, err := f.New(deps)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Name, err)
+		}
+		rf := runningFrontend{fe: fe, name: f.Name}
+		for i, a := range addrs {
+			if a == "" {
+				continue
+			}
+			lis, err := net.Listen("tcp", a)
+			if err != nil {
+				return fmt.Errorf("%s listen %s: %w", f.Name, a, err)
+			}
+			name := f.Name
+			if i < len(tlsFlags) && tlsFlags[i] {
+				tc, err := p.amqpTLS()
+				if err != nil {
+					lis.Close()
+					return err
+				}
+				lis = tls.NewListener(lis, tc)
+				name += "-tls"
+			}
+			rf.lis = append(rf.lis, lis)
+			p.log.Info("listening", zap.String("listener", name), zap.String("address", lis.Addr().String()))
+		}
+		p.frontends = append(p.frontends, rf)
+		for _, lis := range rf.lis {
+			lis := lis
+			p.goServe(rf.name, func() error { return fe.Serve(lis) })
+		}
+	}
+	return nil
+}
+
+// goServe runs a listener loop; an unexpected return is reported on Errors.
+func (p *Proxy) goServe(name string, serve func() error) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		err := serve()
+		p.mu.Lock()
+		stopping := p.stopping
+		p.mu.Unlock()
+		if err != nil && !stopping {
+			select {
+			case p.errc <- fmt.Errorf("%s: %w", name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// Errors delivers fatal listener errors; main exits on the first.
+func (p *Proxy) Errors() <-chan error { return p.errc }
+
+// Ready is nil when the proxy can serve traffic.
+func (p *Proxy) Ready() error {
+	p.mu.Lock()
+	stopping := p.stopping
+	p.mu.Unlock()
+	switch {
+	case stopping:
+		return errors.New("shutting down")
+	case p.client == nil || !p.client.Ready():
+		return errors.New("kubemq backend unreachable")
+	case p.reg == nil || !p.reg.Replayed():
+		return errors.New("registry not replayed yet")
+	}
+	return nil
+}
+
+// Addr returns the bound address of a listener by name ("http",
+// "embedded-kubemq", or a front-end name); tests use it with port 0.
+func (p *Proxy) Addr(name string) string {
+	switch name {
+	case "http":
+		if p.httpLis != nil {
+			return p.httpLis.Addr().String()
+		}
+	case "embedded-kubemq":
+		if p.embeddedLis != nil {
+			return p.embeddedLis.Addr().String()
+		}
+	}
+	for _, f := range p.frontends {
+		for i, l := range f.lis {
+			if f.name == name && i == 0 || f.name+"-tls" == name && i == 1 {
+				return l.Addr().String()
+			}
+		}
+	}
+	return ""
+}
+
+// Client is the proxy's KubeMQ client (tests use it for native interop).
+func (p *Proxy) Client() *kubemqclient.Client { return p.client }
+
+// Registry is the proxy's topology registry.
+func (p *Proxy) Registry() *registry.Registry { return p.reg }
+
+// Shutdown stops in order: readiness off, front-ends (stop accepting, close
+// connections, give leases back), registry, client, HTTP, embedded backend.
+// It is idempotent.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.stopping {
+		p.mu.Unlock()
+		return nil
+	}
+	p.stopping = true
+	p.mu.Unlock()
+
+	var errs []error
+	for i := len(p.frontends) - 1; i >= 0; i-- {
+		f := p.frontends[i]
+		if err := f.fe.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+		}
+		for _, l := range f.lis {
+			l.Close()
+		}
+	}
+	if p.reg != nil {
+		p.reg.Close()
+	}
+	if p.client != nil {
+		p.client.Close()
+	}
+	if p.httpSrv != nil {
+		p.httpSrv.Shutdown(ctx)
+	} else if p.httpLis != nil {
+		p.httpLis.Close()
+	}
+	if p.embedded != nil {
+		p.embedded.Stop()
+	} else if p.embeddedLis != nil {
+		p.embeddedLis.Close()
+	}
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("shutdown: %w", ctx.Err()))
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Proxy) clientTLS() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: p.cfg.KubeMQ.ServerName}
+	if p.cfg.KubeMQ.CAFile != "" {
+		pool, err := loadPool(p.cfg.KubeMQ.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kubemq.ca_file: %w", err)
+		}
+		tc.RootCAs = pool
+	}
+	if p.cfg.KubeMQ.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(p.cfg.KubeMQ.CertFile, p.cfg.KubeMQ.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("kubemq.cert_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+func (p *Proxy) amqpTLS() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(p.cfg.AMQP.CertFile, p.cfg.AMQP.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("amqp.cert_file: %w", err)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	if p.cfg.AMQP.ClientCAFile != "" {
+		pool, err := loadPool(p.cfg.AMQP.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("amqp.client_ca_file: %w", err)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return tc, nil
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("no PEM certificates found")
+	}
+	return pool, nil
+}

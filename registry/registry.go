@@ -1,0 +1,420 @@
+// Package registry keeps the proxy's durable topology (topics,
+// subscriptions, exchanges, queues, bindings...) as versioned records in an
+// events-store channel of KubeMQ. Every replica replays the log at start and
+// follows it live; for each (kind, key) the record with the highest
+// (version, writer) wins, so replicas converge whatever order they see
+// writes in. Because KubeMQ forgets events after its retention age (24 h by
+// default), each replica periodically rewrites a compact snapshot of the
+// live records, carrying their original versions so a snapshot never
+// overrides a newer write.
+package registry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// Record is one topology entry. Value is opaque to the registry (the
+// owning front-end encodes it).
+type Record struct {
+	Kind    string          `json:"k"`
+	Key     string          `json:"n"`
+	Value   json.RawMessage `json:"v,omitempty"`
+	Deleted bool            `json:"d,omitempty"`
+	Version uint64          `json:"ver"`
+	Writer  string          `json:"w"`
+	Time    int64           `json:"t"` // unix ns of the write, for tombstone expiry
+}
+
+// newer reports whether r wins over o.
+func (r *Record) newer(o *Record) bool {
+	if r.Version != o.Version {
+		return r.Version > o.Version
+	}
+	return r.Writer > o.Writer
+}
+
+// event is the body of one events-store message: a batch of records, a
+// sync marker, or a snapshot chunk.
+type event struct {
+	Records  []Record `json:"r,omitempty"`
+	Sync     string   `json:"sync,omitempty"`
+	Snapshot string   `json:"snap,omitempty"` // id of the snapshot this chunk belongs to
+}
+
+// Change is delivered to OnChange callbacks after a record was applied.
+type Change struct {
+	Record Record
+	Local  bool // written by this replica
+}
+
+// Options configures Open.
+type Options struct {
+	Client           *kubemqclient.Client
+	Channel          string
+	SnapshotInterval time.Duration // default 1h
+	// TombstoneTTL is how long deletions are kept in snapshots; default 48h
+	// (twice KubeMQ's default retention).
+	TombstoneTTL time.Duration
+	Logger       *zap.Logger
+	// ReplicaID names this writer; default random.
+	ReplicaID string
+}
+
+// Registry is the in-memory view of the topology log.
+type Registry struct {
+	opts Options
+	log  *zap.Logger
+
+	mu        sync.RWMutex // guards records, clock, lastSeq, lastSnap, watchers, replayed
+	records   map[string]map[string]*Record
+	clock     uint64
+	lastSeq   uint64
+	lastSnap  time.Time
+	watchers  map[int]func(Change)
+	nextWatch int
+	replayed  bool
+	syncNonce string
+
+	replayedCh chan struct{}
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+}
+
+// Open starts following the log. It returns at once; Replayed (and
+// WaitReplayed) report when the log has been read up to a marker written
+// at open, i.e. when this replica has seen every earlier write.
+func Open(ctx context.Context, opts Options) (*Registry, error) {
+	if opts.Client == nil {
+		return nil, errors.New("registry: no client")
+	}
+	if err := kubemqclient.ValidChannel(opts.Channel); err != nil {
+		return nil, fmt.Errorf("registry channel: %w", err)
+	}
+	if opts.SnapshotInterval <= 0 {
+		opts.SnapshotInterval = time.Hour
+	}
+	if opts.TombstoneTTL <= 0 {
+		opts.TombstoneTTL = 48 * time.Hour
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.ReplicaID == "" {
+		opts.ReplicaID = randomID()
+	}
+	r := &Registry{
+		opts:       opts,
+		log:        opts.Logger,
+		records:    map[string]map[string]*Record{},
+		watchers:   map[int]func(Change){},
+		replayedCh: make(chan struct{}),
+		syncNonce:  randomID(),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.wg.Add(2)
+	go r.follow()
+	go r.snapshotLoop()
+	return r, nil
+}
+
+// Close stops following. Records stay readable.
+func (r *Registry) Close() {
+	r.cancel()
+	r.wg.Wait()
+}
+
+// Replayed reports whether every write made before Open has been applied.
+func (r *Registry) Replayed() bool {
+	select {
+	case <-r.replayedCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitReplayed blocks until Replayed or ctx ends.
+func (r *Registry) WaitReplayed(ctx context.Context) error {
+	select {
+	case <-r.replayedCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Get returns the live value of (kind, key).
+func (r *Registry) Get(kind, key string) (json.RawMessage, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	rec, ok := r.records[kind][key]
+	if !ok || rec.Deleted {
+		return nil, false
+	}
+	return rec.Value, true
+}
+
+// List returns the live records of one kind, sorted by key.
+func (r *Registry) List(kind string) []Record {
+	r.mu.RLock()
+	out := make([]Record, 0, len(r.records[kind]))
+	for _, rec := range r.records[kind] {
+		if !rec.Deleted {
+			out = append(out, *rec)
+		}
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// OnChange registers fn for every applied change (local or remote); fn runs
+// on the registry's goroutine and must not block. The returned func
+// unregisters it.
+func (r *Registry) OnChange(fn func(Change)) (cancel func()) {
+	r.mu.Lock()
+	id := r.nextWatch
+	r.nextWatch++
+	r.watchers[id] = fn
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		delete(r.watchers, id)
+		r.mu.Unlock()
+	}
+}
+
+// Put writes (kind, key) = value and applies it locally once the backend
+// accepted it.
+func (r *Registry) Put(ctx context.Context, kind, key string, value any) error {
+	raw, err := json.Marshal(value)
+	if err != nil {
+		return fmt.Errorf("registry: encode %s %q: %w", kind, key, err)
+	}
+	return r.write(ctx, Record{Kind: kind, Key: key, Value: raw})
+}
+
+// Delete writes a tombstone for (kind, key).
+func (r *Registry) Delete(ctx context.Context, kind, key string) error {
+	return r.write(ctx, Record{Kind: kind, Key: key, Deleted: true})
+}
+
+func (r *Registry) write(ctx context.Context, rec Record) error {
+	r.mu.Lock()
+	r.clock++
+	rec.Version = r.clock
+	r.mu.Unlock()
+	rec.Writer = r.opts.ReplicaID
+	rec.Time = time.Now().UnixNano()
+	if err := r.publish(ctx, event{Records: []Record{rec}}); err != nil {
+		return err
+	}
+	r.apply(rec, true)
+	return nil
+}
+
+func (r *Registry) publish(ctx context.Context, ev event) error {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	_, err = r.opts.Client.PublishEvent(ctx, kubemqclient.Event{Channel: r.opts.Channel, Body: body, Metadata: "kubemq-proxy registry"})
+	if err != nil {
+		return fmt.Errorf("registry: write: %w", err)
+	}
+	return nil
+}
+
+// apply merges one record; it reports whether it changed the view.
+func (r *Registry) apply(rec Record, local bool) bool {
+	r.mu.Lock()
+	if rec.Version > r.clock {
+		r.clock = rec.Version
+	}
+	byKey := r.records[rec.Kind]
+	if byKey == nil {
+		byKey = map[string]*Record{}
+		r.records[rec.Kind] = byKey
+	}
+	if cur, ok := byKey[rec.Key]; ok && !rec.newer(cur) {
+		r.mu.Unlock()
+		return false
+	}
+	cp := rec
+	byKey[rec.Key] = &cp
+	watchers := make([]func(Change), 0, len(r.watchers))
+	for _, w := range r.watchers {
+		watchers = append(watchers, w)
+	}
+	r.mu.Unlock()
+	for _, w := range watchers {
+		w(Change{Record: rec, Local: local})
+	}
+	return true
+}
+
+// follow subscribes to the log from the first retained event and applies
+// everything, resubscribing after the last applied sequence when the
+// stream breaks (with a fresh client id each time, so the server's durable
+// cursor never skips events we did not process).
+func (r *Registry) follow() {
+	defer r.wg.Done()
+	backoff := 100 * time.Millisecond
+	for r.ctx.Err() == nil {
+		err := r.followOnce()
+		if r.ctx.Err() != nil {
+			return
+		}
+		r.log.Warn("registry stream ended; resubscribing", zap.Error(err), zap.Duration("backoff", backoff))
+		select {
+		case <-time.After(backoff):
+		case <-r.ctx.Done():
+			return
+		}
+		if backoff < 5*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func (r *Registry) followOnce() error {
+	if err := r.opts.Client.WaitReady(r.ctx); err != nil {
+		return err
+	}
+	r.mu.RLock()
+	last := r.lastSeq
+	r.mu.RUnlock()
+	start := kubemqclient.StartPosition{Mode: kubemqclient.StartFromFirst}
+	if last > 0 {
+		start = kubemqclient.StartPosition{Mode: kubemqclient.StartAtSequence, Sequence: last + 1}
+	}
+	sub, err := r.opts.Client.SubscribeEventsStore(r.ctx, kubemqclient.SubscribeOptions{Channel: r.opts.Channel, Start: start})
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
+	if !r.Replayed() {
+		// The marker goes in after the subscription exists, so reading up
+		// to it means every earlier write has been read.
+		if err := r.publish(r.ctx, event{Sync: r.syncNonce}); err != nil {
+			return err
+		}
+	}
+	for {
+		ev, err := sub.Recv(r.ctx)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		if ev.Sequence <= r.lastSeq {
+			r.mu.Unlock()
+			continue // already applied before a resubscribe
+		}
+		r.lastSeq = ev.Sequence
+		r.mu.Unlock()
+		var body event
+		if err := json.Unmarshal(ev.Body, &body); err != nil {
+			r.log.Warn("registry: skipping undecodable event", zap.Uint64("sequence", ev.Sequence), zap.Error(err))
+			continue
+		}
+		for _, rec := range body.Records {
+			r.apply(rec, false)
+		}
+		if body.Snapshot != "" {
+			r.mu.Lock()
+			r.lastSnap = ev.Timestamp
+			r.mu.Unlock()
+		}
+		if body.Sync == r.syncNonce && !r.Replayed() {
+			r.mu.RLock()
+			n := 0
+			for _, m := range r.records {
+				n += len(m)
+			}
+			r.mu.RUnlock()
+			r.log.Info("registry replayed", zap.Uint64("sequence", ev.Sequence), zap.Int("records", n))
+			close(r.replayedCh)
+		}
+	}
+}
+
+// snapshotLoop rewrites the live records every SnapshotInterval, unless
+// another replica wrote a snapshot within the last half interval.
+func (r *Registry) snapshotLoop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.opts.SnapshotInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !r.Replayed() {
+			continue
+		}
+		r.mu.RLock()
+		due := time.Since(r.lastSnap) >= r.opts.SnapshotInterval
+		r.mu.RUnlock()
+		if !due {
+			continue
+		}
+		if err := r.Snapshot(r.ctx); err != nil {
+			r.log.Warn("registry snapshot failed", zap.Error(err))
+		}
+	}
+}
+
+// snapshotChunk bounds one snapshot event's size in records.
+const snapshotChunk = 500
+
+// Snapshot rewrites every live record (and recent tombstones) with its
+// original version, so the log always holds the whole topology within
+// KubeMQ's retention window.
+func (r *Registry) Snapshot(ctx context.Context) error {
+	cutoff := time.Now().Add(-r.opts.TombstoneTTL).UnixNano()
+	r.mu.Lock()
+	var recs []Record
+	for kind, m := range r.records {
+		for key, rec := range m {
+			if rec.Deleted && rec.Time < cutoff {
+				delete(m, key) // old enough that no retained event can resurrect it
+				continue
+			}
+			recs = append(recs, *rec)
+		}
+		if len(m) == 0 {
+			delete(r.records, kind)
+		}
+	}
+	r.lastSnap = time.Now()
+	r.mu.Unlock()
+	id := randomID()
+	for len(recs) > 0 {
+		n := min(len(recs), snapshotChunk)
+		if err := r.publish(ctx, event{Records: recs[:n], Snapshot: id}); err != nil {
+			return err
+		}
+		recs = recs[n:]
+	}
+	return nil
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

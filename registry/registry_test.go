@@ -1,0 +1,182 @@
+package registry_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+func dial(t *testing.T, addr string) *kubemqclient.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: addr, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func open(t *testing.T, c *kubemqclient.Client, channel string) *registry.Registry {
+	t.Helper()
+	r, err := registry.Open(context.Background(), registry.Options{Client: c, Channel: channel, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := r.WaitReplayed(ctx); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	return r
+}
+
+// uniqueChannel keeps runs against a shared external KubeMQ apart.
+func uniqueChannel(t *testing.T) string {
+	return kubemqclient.Channel("kubemq-proxy-test.registry", t.Name(), time.Now().Format("150405.000000000"))
+}
+
+// waitFor polls the in-memory view; the registry applies remote writes on
+// its own goroutine, so there is no event to wait on from outside.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func value(t *testing.T, r *registry.Registry, kind, key string) (string, bool) {
+	raw, ok := r.Get(kind, key)
+	if !ok {
+		return "", false
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s, true
+}
+
+func TestReplicasSeeEachOther(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	a := open(t, dial(t, addr), ch)
+	defer a.Close()
+	b := open(t, dial(t, addr), ch)
+	defer b.Close()
+	ctx := context.Background()
+
+	changes := make(chan registry.Change, 16)
+	cancel := b.OnChange(func(c registry.Change) { changes <- c })
+	defer cancel()
+
+	if err := a.Put(ctx, "topic", "t1", "from-a"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-changes:
+		if c.Local || c.Record.Key != "t1" || c.Record.Kind != "topic" {
+			t.Fatalf("unexpected change %+v", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b never saw a's write")
+	}
+	if v, ok := value(t, b, "topic", "t1"); !ok || v != "from-a" {
+		t.Fatalf("b sees %q %v", v, ok)
+	}
+
+	// Last writer wins on both replicas.
+	if err := b.Put(ctx, "topic", "t1", "from-b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to see b's overwrite", func() bool { v, _ := value(t, a, "topic", "t1"); return v == "from-b" })
+
+	if err := a.Delete(ctx, "topic", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to see the delete", func() bool { _, ok := b.Get("topic", "t1"); return !ok })
+	if got := b.List("topic"); len(got) != 0 {
+		t.Fatalf("deleted record still listed: %+v", got)
+	}
+}
+
+func TestRestartReplaysEverything(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	ctx := context.Background()
+	a := open(t, dial(t, addr), ch)
+	for i := 0; i < 50; i++ {
+		if err := a.Put(ctx, "queue", string(rune('a'+i%26))+string(rune('a'+i/26)), i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Delete(ctx, "queue", "aa"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Put(ctx, "exchange", "x", "direct"); err != nil {
+		t.Fatal(err)
+	}
+	// A snapshot rewrites the same records; replay must still converge.
+	if err := a.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := a.List("queue")
+	a.Close()
+
+	b := open(t, dial(t, addr), ch)
+	defer b.Close()
+	got := b.List("queue")
+	if len(got) != 49 || len(got) != len(want) {
+		t.Fatalf("replayed %d queue records, want 49 (%d before restart)", len(got), len(want))
+	}
+	for i := range got {
+		if got[i].Key != want[i].Key || string(got[i].Value) != string(want[i].Value) {
+			t.Fatalf("record %d: got %+v want %+v", i, got[i], want[i])
+		}
+	}
+	if _, ok := b.Get("queue", "aa"); ok {
+		t.Fatal("deleted record came back after replay")
+	}
+	if v, ok := value(t, b, "exchange", "x"); !ok || v != "direct" {
+		t.Fatalf("exchange x = %q %v", v, ok)
+	}
+}
+
+func TestSnapshotNeverOverridesNewerWrite(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	ctx := context.Background()
+	a := open(t, dial(t, addr), ch)
+	defer a.Close()
+	b := open(t, dial(t, addr), ch)
+	defer b.Close()
+	if err := a.Put(ctx, "sub", "s", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to see v1", func() bool { v, _ := value(t, b, "sub", "s"); return v == "v1" })
+	if err := b.Put(ctx, "sub", "s", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	// a may not have seen v2 yet; its snapshot carries v1's old version.
+	if err := a.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to converge on v2", func() bool { v, _ := value(t, a, "sub", "s"); return v == "v2" })
+	c := open(t, dial(t, addr), ch)
+	defer c.Close()
+	if v, _ := value(t, c, "sub", "s"); v != "v2" {
+		t.Fatalf("a fresh replica sees %q, want v2", v)
+	}
+}

@@ -20,6 +20,7 @@ type Error struct {
 	GRPC      codes.Code // gRPC status code; codes.OK for in-band errors
 	Msg       string     // the server's (or the client's) text
 	Retryable bool       // true when the same call may succeed later unchanged
+	TxID      string     // for a downstream settlement failure: its transaction
 
 	kind  error // one of the Err* sentinels, or nil
 	cause error // the underlying Go error, if any
@@ -29,6 +30,10 @@ func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("kubemq ")
 	b.WriteString(e.Op)
+	if e.TxID != "" {
+		b.WriteString(" tx ")
+		b.WriteString(e.TxID)
+	}
 	b.WriteString(": ")
 	b.WriteString(e.Msg)
 	if e.GRPC != codes.OK && e.GRPC != codes.Unknown {

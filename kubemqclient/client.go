@@ -1,0 +1,472 @@
+// Package kubemqclient is the only way kubemq-proxy reaches KubeMQ. It owns
+// the gRPC connection and its readiness signal, the conversion between
+// KubeMQ's wire types (kubemqpb, never seen outside this package) and the
+// proxy's own types, channel-name safety (Channel, ValidChannel), error
+// mapping (*Error), and the long-lived streams: events-store publish and
+// subscribe, queue upstream, queue downstream transactions and
+// single-message visibility streams.
+package kubemqclient
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// Options configure Dial. Only Address is required.
+type Options struct {
+	Address   string      // host:port of the KubeMQ gRPC API
+	ClientID  string      // prefix of every ClientID sent; default "kubemq-proxy-<random>"
+	TLS       *tls.Config // nil = plaintext
+	AuthToken string      // sent as "authorization" metadata on every call
+	Logger    *zap.Logger // nil = zap.NewNop()
+
+	// DialTimeout bounds one health ping while the client is not ready (the
+	// connect attempt). Default 5s.
+	DialTimeout time.Duration
+	// PingInterval is the health ping period while ready. Default 5s.
+	PingInterval time.Duration
+	// PingTimeout bounds one health ping while ready. Default 3s.
+	PingTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the exponential backoff between failed
+	// health pings. Defaults 100ms and 5s.
+	MinBackoff, MaxBackoff time.Duration
+	// MaxMessageBytes is the largest gRPC message in either direction.
+	// Default 100 MiB, the server's default limit.
+	MaxMessageBytes int
+	// CloseTimeout bounds Close's wait for streams to wind down cleanly.
+	// Default 10s.
+	CloseTimeout time.Duration
+	// DialOptions are appended to the client's own (tests, tracing).
+	DialOptions []grpc.DialOption
+}
+
+func (o *Options) setDefaults() error {
+	if o.Address == "" {
+		return invalidArg("Dial", "empty address", nil)
+	}
+	if o.ClientID == "" {
+		o.ClientID = "kubemq-proxy-" + randHex(4)
+	} else if !isVerbatim(o.ClientID) {
+		// Derived ids become store client ids, which accept only this alphabet.
+		return invalidArg("Dial", "ClientID must match [A-Za-z0-9-][A-Za-z0-9_-]*", nil)
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.DialTimeout, 5*time.Second)
+	def(&o.PingInterval, 5*time.Second)
+	def(&o.PingTimeout, 3*time.Second)
+	def(&o.MinBackoff, 100*time.Millisecond)
+	def(&o.MaxBackoff, 5*time.Second)
+	def(&o.CloseTimeout, 10*time.Second)
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = o.MinBackoff
+	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = 100 << 20
+	}
+	return nil
+}
+
+// Client is a connection to one KubeMQ server. It is safe for concurrent use.
+type Client struct {
+	opts     Options
+	log      *zap.Logger
+	conn     *grpc.ClientConn
+	rpc      kubemqpb.KubemqClient
+	clientID string
+	ids      idGen
+
+	// ctx is the lifetime of every stream the client opens; Close cancels it
+	// after the streams have wound down.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine the client starts (see goTracked)
+
+	ready   atomic.Bool
+	kick    chan struct{} // wakes the health loop early (cap 1)
+	stateMu sync.Mutex    // guards hooks, readyCh, closed
+	hooks   map[int]func(up bool)
+	hookID  int
+	readyCh chan struct{} // closed when ready; replaced when going down
+	closed  bool
+
+	pub *eventPublisher
+
+	// closers are the open long-lived streams, closed by Client.Close.
+	closersMu sync.Mutex
+	closers   map[closer]struct{}
+	closeOnce sync.Once
+}
+
+type closer interface{ Close() error }
+
+// Dial creates a client. It does not wait for the server: it starts a health
+// loop that pings with backoff and drives Ready, WaitReady and StateChanges.
+// It fails only for invalid options.
+func Dial(ctx context.Context, opts Options) (*Client, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
+	}
+	dopts := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes),
+			grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
+		),
+		// Detect a dead server on idle long-lived streams.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// Large windows keep pipelined streams from stalling on flow control.
+		grpc.WithInitialWindowSize(4 << 20),
+		grpc.WithInitialConnWindowSize(16 << 20),
+		grpc.WithWriteBufferSize(256 << 10),
+		grpc.WithReadBufferSize(256 << 10),
+	}
+	if opts.AuthToken != "" {
+		tok := opts.AuthToken
+		dopts = append(dopts,
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", tok), method, req, reply, cc, o...)
+			}),
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+				return streamer(metadata.AppendToOutgoingContext(ctx, "authorization", tok), desc, cc, method, o...)
+			}),
+		)
+	}
+	dopts = append(dopts, opts.DialOptions...)
+	conn, err := grpc.NewClient(opts.Address, dopts...)
+	if err != nil {
+		return nil, invalidArg("Dial", err.Error(), nil)
+	}
+	c := &Client{
+		opts:     opts,
+		log:      opts.Logger.Named("kubemqclient"),
+		conn:     conn,
+		rpc:      kubemqpb.NewKubemqClient(conn),
+		clientID: opts.ClientID,
+		ids:      newIDGen(),
+		kick:     make(chan struct{}, 1),
+		hooks:    map[int]func(bool){},
+		readyCh:  make(chan struct{}),
+		closers:  map[closer]struct{}{},
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.pub = newEventPublisher(c)
+	conn.Connect()
+	c.goTracked(c.healthLoop)
+	return c, nil
+}
+
+// ClientID is the prefix of every ClientID the client sends.
+func (c *Client) ClientID() string { return c.clientID }
+
+// NewID returns an id unique to this client process, for MessageIDs and
+// EventIDs that must not repeat (lease records need their own ids).
+func (c *Client) NewID() string { return c.ids.next() }
+
+func (c *Client) goTracked(f func()) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+}
+
+func (c *Client) isClosed() bool {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return c.closed
+}
+
+func (c *Client) track(x closer) bool {
+	c.closersMu.Lock()
+	defer c.closersMu.Unlock()
+	if c.closers == nil {
+		return false
+	}
+	c.closers[x] = struct{}{}
+	return true
+}
+
+func (c *Client) untrack(x closer) {
+	c.closersMu.Lock()
+	defer c.closersMu.Unlock()
+	delete(c.closers, x)
+}
+
+// Close winds down every open stream cleanly (downstream transactions are
+// closed, outstanding requests answered), stops the health loop and closes the
+// connection. It is idempotent.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.stateMu.Lock()
+		c.closed = true
+		c.stateMu.Unlock()
+		c.closersMu.Lock()
+		open := make([]closer, 0, len(c.closers))
+		for x := range c.closers {
+			open = append(open, x)
+		}
+		c.closers = nil
+		c.closersMu.Unlock()
+		var wg sync.WaitGroup
+		for _, x := range open {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = x.Close()
+			}()
+		}
+		wg.Wait()
+		dctx, cancel := context.WithTimeout(context.Background(), c.opts.CloseTimeout)
+		c.pub.drain(dctx)
+		cancel()
+		c.cancel()
+		c.pub.close()
+		c.wg.Wait()
+		c.setReady(false)
+		_ = c.conn.Close()
+	})
+	return nil
+}
+
+// --- health ---
+
+// Ready reports whether the last health signal was good: the last ping
+// succeeded and no call has seen the server unavailable since.
+func (c *Client) Ready() bool { return c.ready.Load() }
+
+// WaitReady blocks until the client is ready, ctx ends, or the client is
+// closed.
+func (c *Client) WaitReady(ctx context.Context) error {
+	for {
+		c.stateMu.Lock()
+		ch, closed := c.readyCh, c.closed
+		c.stateMu.Unlock()
+		if closed {
+			return closedErr("WaitReady")
+		}
+		if c.ready.Load() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return wrapErr("WaitReady", ctx.Err())
+		case <-c.ctx.Done():
+			return closedErr("WaitReady")
+		}
+	}
+}
+
+// OnStateChange registers fn to be called with every readiness change, in
+// order, from the health goroutine (keep it short). It returns a function
+// that removes the hook.
+func (c *Client) OnStateChange(fn func(up bool)) (remove func()) {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	id := c.hookID
+	c.hookID++
+	c.hooks[id] = fn
+	return func() {
+		c.stateMu.Lock()
+		defer c.stateMu.Unlock()
+		delete(c.hooks, id)
+	}
+}
+
+// StateChanges returns a channel that receives the current readiness at once
+// and then every change. Only the latest state is kept if the reader lags.
+// It is closed when the client is closed.
+func (c *Client) StateChanges() <-chan bool {
+	ch := make(chan bool, 1)
+	var mu sync.Mutex
+	done := false
+	push := func(up bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		default:
+		}
+		ch <- up
+	}
+	c.stateMu.Lock()
+	id := c.hookID
+	c.hookID++
+	c.hooks[id] = push
+	c.stateMu.Unlock()
+	push(c.ready.Load())
+	c.goTracked(func() {
+		<-c.ctx.Done()
+		mu.Lock()
+		done = true
+		close(ch)
+		mu.Unlock()
+	})
+	return ch
+}
+
+// setReady flips readiness and runs the hooks; only the health loop and Close
+// call it with true, any caller may call it with false.
+func (c *Client) setReady(up bool) {
+	c.stateMu.Lock()
+	if c.ready.Load() == up {
+		c.stateMu.Unlock()
+		return
+	}
+	c.ready.Store(up)
+	if up {
+		close(c.readyCh)
+	} else {
+		c.readyCh = make(chan struct{})
+	}
+	hooks := make([]func(bool), 0, len(c.hooks))
+	for _, h := range c.hooks {
+		hooks = append(hooks, h)
+	}
+	c.stateMu.Unlock()
+	if up {
+		c.log.Info("kubemq ready", zap.String("address", c.opts.Address))
+	} else {
+		c.log.Warn("kubemq not ready", zap.String("address", c.opts.Address))
+	}
+	for _, h := range hooks {
+		h(up)
+	}
+}
+
+// observe inspects an error from any call: an unavailable server flips
+// readiness off and wakes the health loop. It returns err unchanged.
+func (c *Client) observe(err error) error {
+	if err != nil && errors.Is(err, ErrUnavailable) && !c.isClosed() {
+		c.setReady(false)
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+	return err
+}
+
+func (c *Client) healthLoop() {
+	backoff := c.opts.MinBackoff
+	for {
+		timeout := c.opts.PingTimeout
+		if !c.ready.Load() {
+			timeout = c.opts.DialTimeout
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, timeout)
+		_, err := c.Ping(ctx)
+		cancel()
+		if c.ctx.Err() != nil {
+			return
+		}
+		var wait time.Duration
+		if err == nil {
+			c.setReady(true)
+			backoff = c.opts.MinBackoff
+			wait = c.opts.PingInterval
+		} else {
+			if c.ready.Load() {
+				c.log.Warn("kubemq health ping failed", zap.Error(err))
+			}
+			c.setReady(false)
+			// Full jitter keeps many proxies from pinging in lockstep.
+			wait = backoff/2 + rand.N(backoff/2+1)
+			backoff = min(backoff*2, c.opts.MaxBackoff)
+		}
+		// While backing off, a kick (another call saw the outage) must not
+		// shorten the wait; while healthy it triggers an immediate ping.
+		kick := c.kick
+		if err != nil {
+			kick = nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-c.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		case <-kick:
+			t.Stop()
+		}
+	}
+}
+
+// PingInfo is the server's identity.
+type PingInfo struct {
+	Host      string
+	Version   string
+	StartTime time.Time
+	Uptime    time.Duration
+}
+
+// Ping asks the server for its identity. Failures flip readiness off.
+func (c *Client) Ping(ctx context.Context) (PingInfo, error) {
+	r, err := c.rpc.Ping(ctx, &kubemqpb.Empty{})
+	if err != nil {
+		return PingInfo{}, c.observe(wrapErr("Ping", err))
+	}
+	return PingInfo{
+		Host:      r.GetHost(),
+		Version:   r.GetVersion(),
+		StartTime: time.Unix(r.GetServerStartTime(), 0),
+		Uptime:    time.Duration(r.GetServerUpTimeSeconds()) * time.Second,
+	}, nil
+}
+
+// --- ids ---
+
+// idGen mints ids unique to this process: a random base plus a counter, so
+// minting costs one atomic add.
+type idGen struct {
+	base string
+	n    *atomic.Uint64
+}
+
+func newIDGen() idGen { return idGen{base: randHex(6) + "-", n: new(atomic.Uint64)} }
+
+func (g idGen) next() string {
+	var buf [13 + 16]byte
+	b := append(buf[:0], g.base...)
+	b = strconv.AppendUint(b, g.n.Add(1), 36)
+	return string(b)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := cryptorand.Read(b); err != nil {
+		panic("kubemqclient: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,526 @@
+package kubemqclient
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// PublishEvent publishes one event to the events store.
+func (c *Client) PublishEvent(ctx context.Context, e Event) (PublishResult, error) {
+	rs, err := c.PublishEvents(ctx, []Event{e})
+	if err != nil {
+		return PublishResult{}, err
+	}
+	return rs[0], rs[0].Err
+}
+
+// PublishEvents publishes events to the events store over the client's one
+// shared SendEventsStream, pipelined with every other caller. The whole batch
+// is validated before anything is sent. The error is for the call as a whole
+// (validation, ctx, closed client); per-event failures, including Sent=false
+// and a stream broken before the event was answered (retryable), are in the
+// results, one per event in order (see FirstError).
+func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishResult, error) {
+	const op = "PublishEvents"
+	if c.isClosed() {
+		return nil, closedErr(op)
+	}
+	if len(events) == 0 {
+		return nil, nil
+	}
+	b := &pubBatch{
+		events:  make([]*kubemqpb.Event, len(events)),
+		results: make([]PublishResult, len(events)),
+		done:    make(chan struct{}),
+	}
+	for i := range events {
+		e := &events[i]
+		if err := validMessageContent(op, e.Channel, e.Metadata, e.Body); err != nil {
+			return nil, err
+		}
+		id := e.EventID
+		if id == "" {
+			id = c.ids.next()
+		}
+		b.events[i] = &kubemqpb.Event{EventID: id, ClientID: c.clientID, Channel: e.Channel,
+			Metadata: e.Metadata, Body: e.Body, Store: true, Tags: e.Tags}
+		b.results[i].EventID = id
+	}
+	b.remaining.Store(int64(len(events)))
+	if err := c.pub.enqueue(b); err != nil {
+		return nil, err
+	}
+	select {
+	case <-b.done:
+		return b.results, nil
+	case <-ctx.Done():
+		return nil, wrapErr(op, ctx.Err())
+	}
+}
+
+// eventPublisher owns the shared SendEventsStream. Callers append batches to
+// queue; one writer goroutine (the owner of gen) registers them and writes
+// them to the stream; each stream has a reader goroutine matching Results to
+// batches by EventID.
+type eventPublisher struct {
+	c     *Client
+	start sync.Once
+	wake  chan struct{} // cap 1
+
+	mu          sync.Mutex // guards queue, outstanding and closed
+	queue       []*pubBatch
+	outstanding map[*pubBatch]struct{} // enqueued and not yet complete
+	closed      bool
+
+	gen *pubGen // owned by the writer goroutine
+}
+
+type pubBatch struct {
+	events    []*kubemqpb.Event
+	results   []PublishResult // written by the stream goroutines, read after done
+	remaining atomic.Int64
+	done      chan struct{}
+	p         *eventPublisher
+}
+
+// settle records the outcome of event i; the last one completes the batch.
+func (b *pubBatch) settle(i int, err error) {
+	b.results[i].Err = err
+	if b.remaining.Add(-1) == 0 {
+		b.complete()
+	}
+}
+
+// failAll completes a batch none of whose events is registered on a stream.
+func (b *pubBatch) failAll(err error) {
+	for i := range b.results {
+		b.results[i].Err = err
+	}
+	b.remaining.Store(0)
+	b.complete()
+}
+
+func (b *pubBatch) complete() {
+	b.p.mu.Lock()
+	delete(b.p.outstanding, b)
+	b.p.mu.Unlock()
+	close(b.done)
+}
+
+// pubRef locates one event in flight; more holds later events that reuse
+// the same (caller-chosen) EventID, answered in order.
+type pubRef struct {
+	b    *pubBatch
+	i    int
+	more []pubRef
+}
+
+// pubGen is one SendEventsStream; mu guards pending and dead.
+type pubGen struct {
+	stream grpc.BidiStreamingClient[kubemqpb.Event, kubemqpb.Result]
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the reader exits
+
+	mu      sync.Mutex
+	pending map[string]pubRef
+	dead    error
+}
+
+func newEventPublisher(c *Client) *eventPublisher {
+	return &eventPublisher{c: c, wake: make(chan struct{}, 1), outstanding: map[*pubBatch]struct{}{}}
+}
+
+func (p *eventPublisher) enqueue(b *pubBatch) error {
+	p.start.Do(func() { p.c.goTracked(p.writeLoop) })
+	b.p = p
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return closedErr("PublishEvents")
+	}
+	p.outstanding[b] = struct{}{}
+	p.queue = append(p.queue, b)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// drain refuses new batches and waits until every outstanding one is
+// answered, or ctx ends; Client.Close calls it before ending the stream.
+func (p *eventPublisher) drain(ctx context.Context) {
+	p.mu.Lock()
+	p.closed = true
+	waits := make([]chan struct{}, 0, len(p.outstanding))
+	for b := range p.outstanding {
+		waits = append(waits, b.done)
+	}
+	p.mu.Unlock()
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// close fails queued batches; the writer calls it when the client ends.
+func (p *eventPublisher) close() {
+	p.mu.Lock()
+	p.closed = true
+	q := p.queue
+	p.queue = nil
+	p.mu.Unlock()
+	for _, b := range q {
+		b.failAll(closedErr("PublishEvents"))
+	}
+}
+
+func (p *eventPublisher) writeLoop() {
+	defer func() {
+		if p.gen != nil {
+			p.gen.fail(closedErr("PublishEvents"))
+		}
+		p.close()
+	}()
+	for {
+		select {
+		case <-p.wake:
+		case <-p.c.ctx.Done():
+			return
+		}
+		p.mu.Lock()
+		q := p.queue
+		p.queue = nil
+		p.mu.Unlock()
+		if len(q) > 0 {
+			p.write(q)
+		}
+	}
+}
+
+func (p *eventPublisher) write(q []*pubBatch) {
+	g, err := p.current()
+	if err == nil && !g.register(q) {
+		// The stream died since the last write; nothing of q was sent, so
+		// one fresh stream may take it.
+		if g, err = p.current(); err == nil && !g.register(q) {
+			err = g.deadErr()
+		}
+	}
+	if err != nil {
+		for _, b := range q {
+			b.failAll(err)
+		}
+		return
+	}
+	for _, b := range q {
+		for _, ev := range b.events {
+			if err := g.stream.Send(ev); err != nil {
+				// Recv reports the real cause; fail everything in flight now.
+				g.fail(p.c.observe(wrapErr("PublishEvents", err)))
+				return
+			}
+		}
+	}
+}
+
+// current returns a live stream, opening one if needed.
+func (p *eventPublisher) current() (*pubGen, error) {
+	if p.gen != nil && p.gen.deadErr() == nil {
+		return p.gen, nil
+	}
+	sctx, cancel := context.WithCancel(p.c.ctx)
+	stream, err := p.c.rpc.SendEventsStream(sctx)
+	if err != nil {
+		cancel()
+		return nil, p.c.observe(wrapErr("PublishEvents", err))
+	}
+	g := &pubGen{stream: stream, cancel: cancel, done: make(chan struct{}), pending: map[string]pubRef{}}
+	p.gen = g
+	p.c.goTracked(func() { p.read(g) })
+	return g, nil
+}
+
+// register adds every event of q to the pending table before any is sent,
+// so that no Result can outrun its registration.
+func (g *pubGen) register(q []*pubBatch) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.dead != nil {
+		return false
+	}
+	for _, b := range q {
+		for i, ev := range b.events {
+			ref, dup := g.pending[ev.EventID]
+			if !dup {
+				g.pending[ev.EventID] = pubRef{b: b, i: i}
+				continue
+			}
+			ref.more = append(ref.more, pubRef{b: b, i: i})
+			g.pending[ev.EventID] = ref
+		}
+	}
+	return true
+}
+
+func (g *pubGen) deadErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dead
+}
+
+func (g *pubGen) fail(err error) {
+	g.mu.Lock()
+	if g.dead == nil {
+		g.dead = err
+	}
+	pending := g.pending
+	g.pending = map[string]pubRef{}
+	g.mu.Unlock()
+	for _, ref := range pending {
+		ref.b.settle(ref.i, err)
+		for _, r := range ref.more {
+			r.b.settle(r.i, err)
+		}
+	}
+	g.cancel()
+}
+
+func (p *eventPublisher) read(g *pubGen) {
+	defer close(g.done)
+	for {
+		r, err := g.stream.Recv()
+		if err != nil {
+			g.fail(p.c.observe(wrapErr("PublishEvents", err)))
+			return
+		}
+		id := r.GetEventID()
+		g.mu.Lock()
+		ref, ok := g.pending[id]
+		if ok {
+			if len(ref.more) == 0 {
+				delete(g.pending, id)
+			} else {
+				next := ref.more[0]
+				next.more = ref.more[1:]
+				g.pending[id] = next
+			}
+		}
+		g.mu.Unlock()
+		if !ok {
+			p.c.log.Warn("events-store result for no event", zap.String("event_id", id))
+			continue
+		}
+		var rerr error
+		if !r.GetSent() {
+			msg := r.GetError()
+			if msg == "" {
+				msg = "event not sent"
+			}
+			rerr = inBand("PublishEvents", msg)
+		}
+		ref.b.settle(ref.i, rerr)
+	}
+}
+
+// --- subscribe ---
+
+// StartMode selects where an events-store subscription starts.
+type StartMode int
+
+// Start modes (kubemq-api.md 5.3). The zero StartPosition is StartNewOnly.
+const (
+	StartNewOnly     StartMode = iota + 1 // only events published from now on
+	StartFromFirst                        // everything still retained
+	StartFromLast                         // the last stored event, then new ones
+	StartAtSequence                       // from Sequence (> 0)
+	StartAtTime                           // from Time
+	StartAtTimeDelta                      // the last Delta (whole seconds, rounded up)
+)
+
+// StartPosition is a start mode and its value.
+type StartPosition struct {
+	Mode     StartMode
+	Sequence uint64
+	Time     time.Time
+	Delta    time.Duration
+}
+
+// SubscribeOptions configure SubscribeEventsStore.
+type SubscribeOptions struct {
+	Channel string
+	Group   string // optional load-balancing group
+	Start   StartPosition
+	// ClientID is the identity of the server's durable cursor. Empty means a
+	// fresh unique id, so the start position is honoured. Re-using an id
+	// resumes that cursor and ignores Start; only one live subscription may
+	// hold an id.
+	ClientID string
+	// Buffer is how many received events are held client-side so the stream
+	// is read promptly (the server drops events after a 2 s stall). Default
+	// 1024.
+	Buffer int
+}
+
+// EventsSubscription is a live events-store subscription. Recv may be
+// called from one goroutine at a time.
+type EventsSubscription struct {
+	c        *Client
+	clientID string
+	ch       chan EventReceive
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when the reader exits; err is set then
+	err      error
+	closing  atomic.Bool
+}
+
+func subscribePB(op string, clientID string, o *SubscribeOptions) (*kubemqpb.Subscribe, error) {
+	if err := ValidChannel(o.Channel); err != nil {
+		return nil, err
+	}
+	if o.Group != "" {
+		if err := ValidChannel(o.Group); err != nil {
+			return nil, err
+		}
+	}
+	s := &kubemqpb.Subscribe{
+		SubscribeTypeData: kubemqpb.Subscribe_EventsStore,
+		ClientID:          clientID,
+		Channel:           o.Channel,
+		Group:             o.Group,
+	}
+	switch o.Start.Mode {
+	case 0, StartNewOnly:
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartNewOnly
+	case StartFromFirst:
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartFromFirst
+	case StartFromLast:
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartFromLast
+	case StartAtSequence:
+		if o.Start.Sequence == 0 || o.Start.Sequence > 1<<63-1 {
+			return nil, invalidArg(op, "StartAtSequence needs a sequence > 0", nil)
+		}
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartAtSequence
+		s.EventsStoreTypeValue = int64(o.Start.Sequence)
+	case StartAtTime:
+		if o.Start.Time.UnixNano() <= 0 {
+			return nil, invalidArg(op, "StartAtTime needs a time after 1970", nil)
+		}
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartAtTime
+		s.EventsStoreTypeValue = o.Start.Time.UnixNano()
+	case StartAtTimeDelta:
+		secs, err := ceilSeconds(op, "Delta", o.Start.Delta)
+		if err != nil {
+			return nil, err
+		}
+		if secs == 0 {
+			return nil, invalidArg(op, "StartAtTimeDelta needs a positive delta", nil)
+		}
+		s.EventsStoreTypeData = kubemqpb.Subscribe_StartAtTimeDelta
+		s.EventsStoreTypeValue = int64(secs)
+	default:
+		return nil, invalidArg(op, "unknown start mode", nil)
+	}
+	return s, nil
+}
+
+// SubscribeEventsStore subscribes to an events-store channel. ctx bounds
+// only the opening; the subscription lives until Close or Client.Close.
+// Server-side refusals (such as a ClientID already in use) are returned by
+// the first Recv. To resume after the last processed sequence n without
+// loss, subscribe with a fresh ClientID and StartAtSequence n+1.
+func (c *Client) SubscribeEventsStore(ctx context.Context, o SubscribeOptions) (*EventsSubscription, error) {
+	const op = "SubscribeEventsStore"
+	if c.isClosed() {
+		return nil, closedErr(op)
+	}
+	clientID := o.ClientID
+	if clientID == "" {
+		clientID = c.clientID + "-sub-" + c.ids.next()
+	} else if !isVerbatim(clientID) {
+		return nil, invalidArg(op, "ClientID must match [A-Za-z0-9-][A-Za-z0-9_-]*", nil)
+	}
+	req, err := subscribePB(op, clientID, &o)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, wrapErr(op, err)
+	}
+	if o.Buffer <= 0 {
+		o.Buffer = 1024
+	}
+	sctx, cancel := context.WithCancel(c.ctx)
+	stream, err := c.rpc.SubscribeToEvents(sctx, req)
+	if err != nil {
+		cancel()
+		return nil, c.observe(wrapErr(op, err))
+	}
+	s := &EventsSubscription{c: c, clientID: clientID, ch: make(chan EventReceive, o.Buffer), cancel: cancel, done: make(chan struct{})}
+	if !c.track(s) {
+		cancel()
+		return nil, closedErr(op)
+	}
+	c.goTracked(func() { s.read(sctx, stream) })
+	return s, nil
+}
+
+func (s *EventsSubscription) read(ctx context.Context, stream grpc.ServerStreamingClient[kubemqpb.EventReceive]) {
+	defer close(s.done)
+	defer close(s.ch)
+	for {
+		e, err := stream.Recv()
+		if err != nil {
+			if s.closing.Load() || s.c.ctx.Err() != nil {
+				s.err = closedErr("EventsSubscription")
+			} else {
+				s.err = s.c.observe(wrapErr("EventsSubscription", err))
+			}
+			return
+		}
+		select {
+		case s.ch <- eventReceiveFromPB(e):
+		case <-ctx.Done():
+			s.err = closedErr("EventsSubscription")
+			return
+		}
+	}
+}
+
+// ClientID is the subscription's ClientID (its durable cursor identity).
+func (s *EventsSubscription) ClientID() string { return s.clientID }
+
+// Recv returns the next event, in sequence order. After the stream ends it
+// returns the buffered events, then the reason.
+func (s *EventsSubscription) Recv(ctx context.Context) (EventReceive, error) {
+	select {
+	case e, ok := <-s.ch:
+		if !ok {
+			<-s.done
+			return EventReceive{}, s.err
+		}
+		return e, nil
+	case <-ctx.Done():
+		return EventReceive{}, wrapErr("EventsSubscription", ctx.Err())
+	}
+}
+
+// Close ends the subscription. The server keeps its durable cursor.
+func (s *EventsSubscription) Close() error {
+	s.closing.Store(true)
+	s.cancel()
+	<-s.done
+	s.c.untrack(s)
+	return nil
+}

@@ -1,0 +1,176 @@
+package kubemqclient
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// SendQueueMessage stores one message (synchronously: the server answers
+// after the store's acknowledgement). A server-side refusal is returned as
+// the error and in the result.
+func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResult, error) {
+	const op = "SendQueueMessage"
+	if c.isClosed() {
+		return SendResult{}, closedErr(op)
+	}
+	pm, err := c.queueMessageToPB(op, &m)
+	if err != nil {
+		return SendResult{}, err
+	}
+	r, err := c.rpc.SendQueueMessage(ctx, pm)
+	if err != nil {
+		return SendResult{}, c.observe(wrapErr(op, err))
+	}
+	sr := sendResultFromPB(op, r)
+	return sr, sr.Err
+}
+
+// SendQueueMessages stores a batch (one SendQueueMessagesBatch call; the
+// messages may go to different queues). The whole batch is validated before
+// anything is sent. The error is for the call as a whole; per-message
+// refusals are in the results, one per message in order (see FirstError).
+func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]SendResult, error) {
+	const op = "SendQueueMessages"
+	if c.isClosed() {
+		return nil, closedErr(op)
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	pms, err := c.queueMessagesToPB(op, msgs)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.rpc.SendQueueMessagesBatch(ctx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
+	if err != nil {
+		return nil, c.observe(wrapErr(op, err))
+	}
+	return c.sendResults(op, len(msgs), r.GetResults())
+}
+
+func (c *Client) queueMessagesToPB(op string, msgs []QueueMessage) ([]*kubemqpb.QueueMessage, error) {
+	pms := make([]*kubemqpb.QueueMessage, len(msgs))
+	for i := range msgs {
+		pm, err := c.queueMessageToPB(op, &msgs[i])
+		if err != nil {
+			return nil, err
+		}
+		pms[i] = pm
+	}
+	return pms, nil
+}
+
+// sendResults converts a batch's results, which must be one per message.
+func (c *Client) sendResults(op string, n int, rs []*kubemqpb.SendQueueMessageResult) ([]SendResult, error) {
+	if len(rs) != n {
+		return nil, &Error{Op: op, Msg: "server returned " + itoa(len(rs)) + " results for " + itoa(n) + " messages"}
+	}
+	out := make([]SendResult, n)
+	for i, r := range rs {
+		out[i] = sendResultFromPB(op, r)
+	}
+	return out, nil
+}
+
+// QueuesInfo returns statistics for the named queues (exact names), or for
+// every queue when no name is given.
+func (c *Client) QueuesInfo(ctx context.Context, names ...string) (QueuesInfo, error) {
+	const op = "QueuesInfo"
+	if c.isClosed() {
+		return QueuesInfo{}, closedErr(op)
+	}
+	for _, n := range names {
+		if err := ValidChannel(n); err != nil {
+			return QueuesInfo{}, err
+		}
+	}
+	r, err := c.rpc.QueuesInfo(ctx, &kubemqpb.QueuesInfoRequest{RequestID: c.ids.next(), QueueName: strings.Join(names, ";")})
+	if err != nil {
+		return QueuesInfo{}, c.observe(wrapErr(op, err))
+	}
+	return queuesInfoFromPB(r.GetInfo()), nil
+}
+
+// AckAllQueueMessages purges channel: it consumes everything that becomes
+// available within wait (at least 1 s) and returns the count.
+func (c *Client) AckAllQueueMessages(ctx context.Context, channel string, wait time.Duration) (uint64, error) {
+	const op = "AckAllQueueMessages"
+	if c.isClosed() {
+		return 0, closedErr(op)
+	}
+	if err := ValidChannel(channel); err != nil {
+		return 0, err
+	}
+	ws, err := waitSeconds(op, wait)
+	if err != nil {
+		return 0, err
+	}
+	r, err := c.rpc.AckAllQueueMessages(ctx, &kubemqpb.AckAllQueueMessagesRequest{
+		RequestID: c.ids.next(), ClientID: c.clientID, Channel: channel, WaitTimeSeconds: ws,
+	})
+	if err != nil {
+		return 0, c.observe(wrapErr(op, err))
+	}
+	if r.GetIsError() {
+		return 0, inBand(op, r.GetError())
+	}
+	return r.GetAffectedMessages(), nil
+}
+
+// ReceiveResult is what ReceiveQueueMessages returns.
+type ReceiveResult struct {
+	Messages []QueueMessage
+	Expired  int // expired messages met and dropped by the server
+}
+
+// ReceiveQueueMessages is the simple pull: it consumes on read (at most
+// once; no ack step), or only looks when peek is set. It returns when max
+// messages are in hand or after wait (at least 1 s).
+func (c *Client) ReceiveQueueMessages(ctx context.Context, channel string, max int, wait time.Duration, peek bool) (ReceiveResult, error) {
+	const op = "ReceiveQueueMessages"
+	if c.isClosed() {
+		return ReceiveResult{}, closedErr(op)
+	}
+	if err := ValidChannel(channel); err != nil {
+		return ReceiveResult{}, err
+	}
+	if max < 1 || max > math.MaxInt32 {
+		return ReceiveResult{}, invalidArg(op, "max must be at least 1", nil)
+	}
+	ws, err := waitSeconds(op, wait)
+	if err != nil {
+		return ReceiveResult{}, err
+	}
+	r, err := c.rpc.ReceiveQueueMessages(ctx, &kubemqpb.ReceiveQueueMessagesRequest{
+		RequestID: c.ids.next(), ClientID: c.clientID, Channel: channel,
+		MaxNumberOfMessages: int32(max), WaitTimeSeconds: ws, IsPeak: peek,
+	})
+	if err != nil {
+		return ReceiveResult{}, c.observe(wrapErr(op, err))
+	}
+	if r.GetIsError() {
+		return ReceiveResult{}, inBand(op, r.GetError())
+	}
+	res := ReceiveResult{Expired: int(r.GetMessagesExpired())}
+	for _, m := range r.GetMessages() {
+		res.Messages = append(res.Messages, queueMessageFromPB(m))
+	}
+	return res, nil
+}
+
+// waitSeconds converts a wait to whole seconds for the unary receive calls,
+// rounding up, with the server's 1 s minimum.
+func waitSeconds(op string, wait time.Duration) (int32, error) {
+	s, err := ceilSeconds(op, "wait", wait)
+	if err != nil {
+		return 0, err
+	}
+	return max(s, 1), nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -26,6 +26,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	// The spec XML ships in this module's source tree. Importing it keeps the
+	// module a direct requirement in go.mod (so `go mod tidy` cannot drop it)
+	// and its source in the module cache for `go list -m` to find.
+	_ "github.com/rabbitmq/amqp091-go"
 )
 
 // specModule is the module whose source tree carries the spec XML.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"reflect"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
 
@@ -27,7 +29,14 @@ import (
 const exitConfig = 2
 
 func main() {
-	cfg, err := loadConfig(os.Args[1:], os.Environ())
+	args := os.Args[1:]
+	mode := "proxy"
+	if len(args) > 0 && args[0] == "embedded" {
+		// "kubemq-proxy embedded": only the embedded KubeMQ-compatible
+		// server, so the proxy and its backend can run (and fail) apart.
+		mode, args = "embedded", args[1:]
+	}
+	cfg, err := loadConfig(args, os.Environ())
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
@@ -42,7 +51,11 @@ func main() {
 	}
 	_ = level
 	defer log.Sync()
-	if err := run(cfg, log); err != nil {
+	runMode := run
+	if mode == "embedded" {
+		runMode = runEmbedded
+	}
+	if err := runMode(cfg, log); err != nil {
 		log.Error("exiting", zap.Error(err))
 		log.Sync()
 		os.Exit(1)
@@ -73,6 +86,34 @@ func run(cfg proxy.Config, log *zap.Logger) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// runEmbedded serves the embedded KubeMQ-compatible server alone on
+// embedded.listen until SIGINT/SIGTERM.
+func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
+	srv, err := embedded.New(embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, Logger: log.Named("embedded")})
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", cfg.Embedded.Listen)
+	if err != nil {
+		srv.Close()
+		return fmt.Errorf("embedded.listen: %w", err)
+	}
+	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; shutting down")
+		srv.Stop()
+		<-errc
+		return nil
+	case err := <-errc:
+		return err
+	}
 }
 
 // loadConfig merges, lowest first: defaults, the config file (--config, or

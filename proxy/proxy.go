@@ -134,6 +134,25 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		return fmt.Errorf("kubemq client: %w", err)
 	}
 
+	p.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "kubemq_proxy", Name: "backend_up",
+		Help: "1 while the KubeMQ backend answers, 0 otherwise.",
+	}, func() float64 {
+		if p.client.Ready() {
+			return 1
+		}
+		return 0
+	}))
+	p.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "kubemq_proxy", Name: "ready",
+		Help: "1 while the proxy is ready (backend up and registry replayed).",
+	}, func() float64 {
+		if p.Ready() == nil {
+			return 1
+		}
+		return 0
+	}))
+
 	p.reg, err = registry.Open(ctx, registry.Options{Client: p.client, Channel: p.cfg.Registry.Channel, SnapshotInterval: p.cfg.Registry.SnapshotInterval, Logger: p.log.Named("registry")})
 	if err != nil {
 		return fmt.Errorf("registry: %w", err)

@@ -67,7 +67,7 @@ func TestLifecycleReadinessAndMetrics(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "kubemq_proxy_backend_up 1") {
 		t.Fatalf("/metrics = %d", code)
 	}
 	if !kubemqtest.External() && p.Addr("embedded-kubemq") == "" {

@@ -1,0 +1,66 @@
+package gcp
+
+import (
+	"context"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// backend is what the publish path needs from KubeMQ. Each call returns
+// only when every item is stored (or the events-store server accepted it),
+// and fails as a whole when any item failed.
+type backend interface {
+	// appendLog writes events to topic logs (events store, streamed).
+	appendLog(ctx context.Context, events []kubemqclient.Event) error
+	// enqueue stores queue messages (batched).
+	enqueue(ctx context.Context, msgs []kubemqclient.QueueMessage) error
+	// purge drops everything waiting in a queue.
+	purge(ctx context.Context, queue string) error
+}
+
+// Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100
+// MiB per gRPC message; a publish fanned out to many subscriptions is cut
+// into batches and sent a few at a time.
+const (
+	maxBatchMessages = 1000
+	maxBatchBytes    = 4 << 20
+	batchParallelism = 4
+)
+
+// queueBatches cuts msgs into batches within the bounds above.
+func queueBatches(msgs []kubemqclient.QueueMessage) [][]kubemqclient.QueueMessage {
+	var out [][]kubemqclient.QueueMessage
+	start, size := 0, 0
+	for i, m := range msgs {
+		n := len(m.Body) + len(m.Metadata) + len(m.Channel) + len(m.MessageID)
+		for k, v := range m.Tags {
+			n += len(k) + len(v)
+		}
+		if i > start && (i-start >= maxBatchMessages || size+n > maxBatchBytes) {
+			out = append(out, msgs[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(msgs) {
+		out = append(out, msgs[start:])
+	}
+	return out
+}
+
+// sendBatches sends the batches with bounded parallelism; the first
+// failure is the result.
+func sendBatches(ctx context.Context, msgs []kubemqclient.QueueMessage, send func(context.Context, []kubemqclient.QueueMessage) error) error {
+	batches := queueBatches(msgs)
+	if len(batches) == 1 {
+		return send(ctx, batches[0])
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(batchParallelism)
+	for _, b := range batches {
+		g.Go(func() error { return send(gctx, b) })
+	}
+	return g.Wait()
+}

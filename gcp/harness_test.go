@@ -1,0 +1,156 @@
+package gcp_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pubsubv1 "cloud.google.com/go/pubsub"
+	"cloud.google.com/go/pubsub/v2"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// env is one proxy front-end on 127.0.0.1:0 over a test KubeMQ.
+type env struct {
+	t       *testing.T
+	addr    string
+	srv     *gcp.Server
+	kc      *kubemqclient.Client
+	reg     *registry.Registry
+	project string
+	suffix  string // makes ids unique on a shared external KubeMQ
+	ready   atomic.Pointer[error]
+}
+
+type envOption func(*gcp.Options)
+
+func startEnv(t *testing.T, opts ...envOption) *env {
+	t.Helper()
+	kaddr := kubemqtest.Address(t)
+	log := zaptest.NewLogger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kc.Close() })
+	suffix := randSuffix()
+	reg, err := registry.Open(ctx, registry.Options{
+		Client:  kc,
+		Channel: kubemqclient.Channel("kubemq-proxy-test.gcp", suffix),
+		Logger:  log.Named("registry"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	if err := reg.WaitReplayed(ctx); err != nil {
+		t.Fatalf("registry replay: %v", err)
+	}
+	e := &env{t: t, kc: kc, reg: reg, project: "proj-" + suffix, suffix: suffix}
+	o := gcp.Options{Client: kc, Registry: reg, Logger: log.Named("gcp"), Ready: func() error {
+		if p := e.ready.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}}
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := gcp.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	e.addr, e.srv = lis.Addr().String(), srv
+	return e
+}
+
+func randSuffix() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// id makes a resource id unique to this run.
+func (e *env) id(base string) string { return base + "-" + e.suffix }
+
+func (e *env) topicName(id string) string { return "projects/" + e.project + "/topics/" + id }
+func (e *env) subName(id string) string   { return "projects/" + e.project + "/subscriptions/" + id }
+
+func (e *env) clientOptions() []option.ClientOption {
+	return []option.ClientOption{
+		option.WithEndpoint(e.addr),
+		option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+	}
+}
+
+// v2 is the current Go client.
+func (e *env) v2() *pubsub.Client {
+	e.t.Helper()
+	c, err := pubsub.NewClient(context.Background(), e.project, e.clientOptions()...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// v1 is the previous generation of the Go client (same wire service).
+func (e *env) v1() *pubsubv1.Client {
+	e.t.Helper()
+	c, err := pubsubv1.NewClient(context.Background(), e.project, e.clientOptions()...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, want codes.Code, contains string) {
+	t.Helper()
+	st, _ := status.FromError(err)
+	if st.Code() != want {
+		t.Fatalf("got %v, want %v", err, want)
+	}
+	if contains != "" && !strings.Contains(st.Message(), contains) {
+		t.Fatalf("message %q does not contain %q", st.Message(), contains)
+	}
+}

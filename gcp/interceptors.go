@@ -1,0 +1,99 @@
+package gcp
+
+import (
+	"context"
+	"runtime/debug"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The interceptors run in this order: recovery (outermost, so a panic in
+// any later stage is caught), logging, readiness gate.
+
+func recoverUnary(log *zap.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+				resp, err = nil, status.Error(codes.Internal, "internal error in kubemq-proxy")
+			}
+		}()
+		return h(ctx, req)
+	}
+}
+
+func recoverStream(log *zap.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in stream handler", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+				err = status.Error(codes.Internal, "internal error in kubemq-proxy")
+			}
+		}()
+		return h(srv, ss)
+	}
+}
+
+// logLevel keeps expected outcomes (not found, already exists, client
+// cancels) at debug and what an operator should see at warn/error.
+func logLevel(c codes.Code) func(*zap.Logger, string, ...zap.Field) {
+	switch c {
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		return (*zap.Logger).Error
+	case codes.Unavailable:
+		return (*zap.Logger).Warn
+	default:
+		return (*zap.Logger).Debug
+	}
+}
+
+func logUnary(log *zap.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := h(ctx, req)
+		c := status.Code(err)
+		logLevel(c)(log, "rpc", zap.String("method", info.FullMethod), zap.Stringer("code", c), zap.Duration("took", time.Since(start)), zap.Error(err))
+		return resp, err
+	}
+}
+
+func logStream(log *zap.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		start := time.Now()
+		log.Debug("stream open", zap.String("method", info.FullMethod))
+		err := h(srv, ss)
+		c := status.Code(err)
+		if c == codes.Canceled {
+			c = codes.OK // the client went away: the normal end of a stream
+		}
+		logLevel(c)(log, "stream closed", zap.String("method", info.FullMethod), zap.Stringer("code", status.Code(err)), zap.Duration("took", time.Since(start)), zap.Error(err))
+		return err
+	}
+}
+
+// notReady is the gate's answer; clients retry UNAVAILABLE by themselves.
+func notReady(err error) error {
+	return status.Error(codes.Unavailable, "kubemq-proxy is not ready (KubeMQ unreachable or topology not loaded yet): "+err.Error())
+}
+
+func gateUnary(ready func() error) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := ready(); err != nil {
+			return nil, notReady(err)
+		}
+		return h(ctx, req)
+	}
+}
+
+func gateStream(ready func() error) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := ready(); err != nil {
+			return notReady(err)
+		}
+		return h(srv, ss)
+	}
+}

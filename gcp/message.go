@@ -1,0 +1,97 @@
+package gcp
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+)
+
+// Reserved KubeMQ tags: a Pub/Sub message is stored with its attributes
+// as tags plus these three, which native KubeMQ consumers see and which
+// are turned back into message_id, publish_time and ordering_key (and
+// stripped) when a Pub/Sub client receives the message. All three are
+// always present; the ordering key's value is empty when there is none.
+const (
+	TagMessageID   = "_pubsub_message_id"
+	TagPublishTime = "_pubsub_publish_time" // RFC 3339, nanoseconds, UTC
+	TagOrderingKey = "_pubsub_ordering_key"
+)
+
+// messageMetadata is the KubeMQ Metadata of every stored Pub/Sub message:
+// KubeMQ refuses a message with neither metadata nor body, and a Pub/Sub
+// message may have empty data.
+const messageMetadata = "pubsub"
+
+func isReservedTag(k string) bool {
+	return k == TagMessageID || k == TagPublishTime || k == TagOrderingKey
+}
+
+// encodeTags is the KubeMQ tag map of one published message.
+func encodeTags(attrs map[string]string, id string, published time.Time, orderingKey string) map[string]string {
+	tags := make(map[string]string, len(attrs)+3)
+	for k, v := range attrs {
+		tags[k] = v
+	}
+	tags[TagMessageID] = id
+	tags[TagPublishTime] = published.UTC().Format(time.RFC3339Nano)
+	tags[TagOrderingKey] = orderingKey
+	return tags
+}
+
+// decodeMessage rebuilds the Pub/Sub message from a stored body and tags.
+// A message a native producer wrote (no reserved tags) gets fallback as
+// id and stored as publish time.
+func decodeMessage(body []byte, tags map[string]string, fallbackID string, stored time.Time) *pubsubpb.PubsubMessage {
+	m := &pubsubpb.PubsubMessage{Data: body, MessageId: fallbackID}
+	pt := stored
+	for k, v := range tags {
+		switch k {
+		case TagMessageID:
+			if v != "" {
+				m.MessageId = v
+			}
+		case TagPublishTime:
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				pt = t
+			}
+		case TagOrderingKey:
+			m.OrderingKey = v
+		default:
+			if m.Attributes == nil {
+				m.Attributes = make(map[string]string, len(tags))
+			}
+			m.Attributes[k] = v
+		}
+	}
+	if !pt.IsZero() {
+		m.PublishTime = timestamppb.New(pt)
+	}
+	return m
+}
+
+// idGen mints message ids: decimal digits like Google's, unique across
+// replicas and restarts without coordination. A fixed-width prefix (the
+// process start in Unix seconds, 10 digits, and 6 random digits) is
+// followed by a counter, so two generators never produce the same string.
+type idGen struct {
+	prefix string
+	n      atomic.Uint64
+}
+
+func newIDGen() *idGen {
+	var b [8]byte
+	rand.Read(b[:])
+	r := binary.BigEndian.Uint64(b[:]) % 1_000_000
+	return &idGen{prefix: fmt.Sprintf("%010d%06d", time.Now().Unix()%10_000_000_000, r)}
+}
+
+func (g *idGen) next() string {
+	return g.prefix + strconv.FormatUint(g.n.Add(1), 10)
+}

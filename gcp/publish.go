@@ -1,0 +1,97 @@
+package gcp
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// Publish validates the whole request, then stores every message once in
+// the topic log and once per matching subscription, and answers with the
+// ids (in request order) only when every copy is stored: a returned id
+// means the message is durable in every subscription.
+func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (*pubsubpb.PublishResponse, error) {
+	tn, err := names.ParseTopic(req.GetTopic())
+	if err != nil {
+		return nil, err
+	}
+	s := p.s
+	if err := s.pubLimits.Validate(req.GetTopic(), req.GetMessages()); err != nil {
+		return nil, err
+	}
+	if err := checkReservedAttributes(req.GetMessages()); err != nil {
+		return nil, err
+	}
+	t, ok := s.cat.topic(tn.ID)
+	if !ok {
+		return nil, notFound(tn.ID)
+	}
+	ids, err := s.publish(ctx, t, req.GetMessages())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pubsubpb.PublishResponse{MessageIds: ids}, nil
+}
+
+// checkReservedAttributes refuses attributes named like the reserved tags:
+// they would be overwritten in KubeMQ and stripped on delivery.
+func checkReservedAttributes(msgs []*pubsubpb.PubsubMessage) error {
+	for _, m := range msgs {
+		for k := range m.GetAttributes() {
+			if isReservedTag(k) {
+				return status.Errorf(codes.InvalidArgument,
+					"The attribute %q in the request has a key reserved by kubemq-proxy.", k)
+			}
+		}
+	}
+	return nil
+}
+
+// publish stores already validated messages: the topic log first (the
+// source of truth for native readers and replay), then the subscription
+// copies. It is also the dead-letter path's way to republish.
+func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.PubsubMessage) ([]string, error) {
+	now := time.Now()
+	ids := make([]string, len(msgs))
+	events := make([]kubemqclient.Event, len(msgs))
+	channel := topicChannel(t.id)
+	for i, m := range msgs {
+		ids[i] = s.ids.next()
+		events[i] = kubemqclient.Event{
+			EventID:  ids[i],
+			Channel:  channel,
+			Metadata: messageMetadata,
+			Body:     m.GetData(),
+			Tags:     encodeTags(m.GetAttributes(), ids[i], now, m.GetOrderingKey()),
+		}
+	}
+	if err := s.be.appendLog(ctx, events); err != nil {
+		return nil, err
+	}
+	var copies []kubemqclient.QueueMessage
+	for _, sub := range s.cat.fanout(t) {
+		for i, m := range msgs {
+			if sub.match != nil && !sub.match(m.GetAttributes()) {
+				continue // filtered out: never enqueued, as Google acks it for the subscriber
+			}
+			copies = append(copies, kubemqclient.QueueMessage{
+				MessageID: ids[i],
+				Channel:   sub.queue,
+				Metadata:  messageMetadata,
+				Body:      events[i].Body,
+				Tags:      events[i].Tags, // shared, read-only
+			})
+		}
+	}
+	if err := s.be.enqueue(ctx, copies); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}

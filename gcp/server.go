@@ -1,0 +1,170 @@
+// Package gcp is the Google Cloud Pub/Sub v1 gRPC front-end (emulator mode:
+// plaintext, no auth). It owns the Publisher, Subscriber, IAMPolicy and
+// SchemaService handlers, the in-memory view of the topology (topics and
+// subscriptions, kept as registry records), the publish path (topic log plus
+// one filtered queue copy per subscription) and the mapping of every error to
+// a gRPC status.
+//
+// Resource ids are global: the project segment of a name is validated, then
+// ignored, and names are rendered back in the caller's project.
+package gcp
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"cloud.google.com/go/iam/apiv1/iampb"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+)
+
+// Defaults of the knobs in Config.
+const (
+	DefaultMaxMessageBytes            = 10 << 20
+	DefaultAckDeadline                = 10 * time.Second
+	DefaultMaxInflightPerSubscription = 20000
+	DefaultStreamCloseAfter           = 30 * time.Minute
+	DefaultMaxOutstandingMessages     = 1000
+
+	// grpcHeadroom is what a PublishRequest may carry beyond its messages'
+	// bytes (names, framing) before gRPC refuses it; the per-message limit
+	// is checked by the publish validation with Google's text.
+	grpcHeadroom = 1 << 20
+)
+
+// Config holds the front-end's knobs; zero values take the defaults above.
+type Config struct {
+	// MaxMessageBytes bounds one message (data + attributes); a Publish
+	// request may carry up to this plus a little headroom.
+	MaxMessageBytes int
+	// DefaultAckDeadline is a subscription's deadline when it asks for 0.
+	DefaultAckDeadline time.Duration
+	// MaxInflightPerSubscription caps leased messages per subscription
+	// across all streams; the tail waits in KubeMQ.
+	MaxInflightPerSubscription int
+	// StreamCloseAfter is when the server ends a StreamingPull with
+	// UNAVAILABLE so that clients reconnect (Google does the same).
+	StreamCloseAfter time.Duration
+	// MaxOutstandingMessages bounds a stream whose client set no limit.
+	MaxOutstandingMessages int
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.DefaultAckDeadline <= 0 {
+		c.DefaultAckDeadline = DefaultAckDeadline
+	}
+	if c.MaxInflightPerSubscription <= 0 {
+		c.MaxInflightPerSubscription = DefaultMaxInflightPerSubscription
+	}
+	if c.StreamCloseAfter <= 0 {
+		c.StreamCloseAfter = DefaultStreamCloseAfter
+	}
+	if c.MaxOutstandingMessages <= 0 {
+		c.MaxOutstandingMessages = DefaultMaxOutstandingMessages
+	}
+}
+
+// Server is the Pub/Sub front-end. It satisfies the proxy's Frontend
+// interface (Name, Serve, Shutdown).
+type Server struct {
+	cfg   Config
+	log   *zap.Logger
+	ready func() error
+	topo  topology
+	be    backend
+	cat   *catalog
+	grpc  *grpc.Server
+	ids   *idGen
+
+	pubLimits limits.Publish
+	// onDrop tells the delivery side that a subscription's backlog and
+	// leases are gone (detach, delete).
+	onDrop func(subID string)
+
+	// adminMu serialises topology writes of this replica, so that a check
+	// ("does it exist?") and the write that follows are atomic here.
+	// Replicas still race; the registry's last writer wins.
+	adminMu sync.Mutex
+
+	stopWatch func()
+	closeOnce sync.Once
+}
+
+// core is what newServer needs; New (wiring.go) builds it from the
+// proxy's dependencies, tests may build it from fakes.
+type core struct {
+	cfg   Config
+	log   *zap.Logger
+	ready func() error
+	topo  topology
+	be    backend
+}
+
+func newServer(c core) (*Server, error) {
+	if c.topo == nil || c.be == nil {
+		return nil, errors.New("gcp: no registry or backend")
+	}
+	c.cfg.setDefaults()
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	if c.ready == nil {
+		c.ready = func() error { return nil }
+	}
+	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen()}
+	s.pubLimits = limits.Publish{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxRequestBytes: max(limits.DefaultMaxRequestBytes, s.cfg.MaxMessageBytes)}
+	s.cat = newCatalog(s.log)
+	s.stopWatch = s.cat.follow(s.topo)
+	s.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log), gateUnary(s.ready)),
+		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log), gateStream(s.ready)),
+	)
+	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
+	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
+	pubsubpb.RegisterSchemaServiceServer(s.grpc, pubsubpb.UnimplementedSchemaServiceServer{})
+	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{})
+	return s, nil
+}
+
+// Name is the front-end's name in logs and metrics.
+func (s *Server) Name() string { return "gcp" }
+
+// Serve answers Pub/Sub RPCs on lis until Shutdown.
+func (s *Server) Serve(lis net.Listener) error {
+	err := s.grpc.Serve(lis)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting, lets unary calls finish and ends streams; when
+// ctx ends first, it stops hard.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			s.grpc.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.grpc.Stop()
+			<-done
+		}
+		s.stopWatch()
+	})
+	return nil
+}

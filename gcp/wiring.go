@@ -1,0 +1,64 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// Options are the front-end's dependencies and knobs.
+type Options struct {
+	Client   *kubemqclient.Client // required
+	Registry *registry.Registry   // required; should have replayed (Ready gates on it)
+	Logger   *zap.Logger          // nil = no logs
+	Metrics  prometheus.Registerer
+	// Ready reports nil when KubeMQ is reachable and the registry has
+	// replayed; while it does not, every RPC answers UNAVAILABLE.
+	Ready  func() error
+	Config Config
+}
+
+// New builds the front-end; nothing listens until Serve.
+func New(o Options) (*Server, error) {
+	if o.Client == nil || o.Registry == nil {
+		return nil, errors.New("gcp: Options.Client and Options.Registry are required")
+	}
+	return newServer(core{
+		cfg:   o.Config,
+		log:   o.Logger,
+		ready: o.Ready,
+		topo:  registryTopology{o.Registry},
+		be:    kubemqBackend{o.Client},
+	})
+}
+
+// registryTopology adapts the registry to topology.
+type registryTopology struct{ r *registry.Registry }
+
+func (t registryTopology) Put(ctx context.Context, kind, key string, value any) error {
+	return t.r.Put(ctx, kind, key, value)
+}
+
+func (t registryTopology) Delete(ctx context.Context, kind, key string) error {
+	return t.r.Delete(ctx, kind, key)
+}
+
+func (t registryTopology) list(kind string) []record {
+	recs := t.r.List(kind)
+	out := make([]record, len(recs))
+	for i, r := range recs {
+		out[i] = record{Key: r.Key, Value: r.Value, Deleted: r.Deleted}
+	}
+	return out
+}
+
+func (t registryTopology) watch(fn func(kind string, r record)) func() {
+	return t.r.OnChange(func(c registry.Change) {
+		fn(c.Record.Kind, record{Key: c.Record.Key, Value: c.Record.Value, Deleted: c.Record.Deleted})
+	})
+}

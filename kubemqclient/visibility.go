@@ -150,23 +150,27 @@ func (v *VisibleMessage) do(ctx context.Context, op string, req *pb.StreamQueueM
 	}
 	req.RequestID = v.c.ids.next()
 	req.ClientID = v.c.clientID
-	if err := v.stream.Send(req); err != nil {
-		return v.c.observe(wrapErr(op, err))
-	}
+	// A failed Send means the stream has ended; the reason (such as Error
+	// 129) is among the answers still to be read.
+	sendErr := v.stream.Send(req)
 	for {
 		select {
 		case r, ok := <-v.resps:
 			if !ok {
 				<-v.done
-				if settles && isClosedErr(v.endErr) {
+				if sendErr == nil && settles && isClosedErr(v.endErr) {
 					// The real server sometimes ends the stream without the
 					// reply; the settlement was applied (kubemq-api.md 8.9 e).
 					v.settled = true
 					return nil
 				}
+				if sendErr != nil && isClosedErr(v.endErr) {
+					return v.c.observe(wrapErr(op, sendErr))
+				}
 				return v.endErr
 			}
-			if r.GetRequestID() != req.RequestID && r.GetStreamRequestTypeData() != req.StreamRequestTypeData {
+			mine := sendErr == nil && (r.GetRequestID() == req.RequestID || r.GetStreamRequestTypeData() == req.StreamRequestTypeData)
+			if !mine {
 				if r.GetIsError() {
 					v.expired = inBand(op, r.GetError())
 					return v.expired

@@ -1,0 +1,2 @@
+go test fuzz v1
+[]byte("\x00<\x00P\xc3\xe7\xd4\xfb˹M\x8f\x00")

@@ -33,6 +33,8 @@ type dsTx struct {
 type dsStream struct {
 	s      *Server
 	id     uint64
+	ctx    context.Context
+	done   chan struct{} // closed once the stream's transactions are closed
 	txs    map[string]*dsTx
 	closed []string // completed tx ids, oldest first
 }
@@ -42,13 +44,16 @@ type dsStream struct {
 // are answered, besides Get and ActiveOffsets. When the stream ends, every open transaction's
 // unsettled messages go back with the same sequence and receive count.
 func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesDownstreamRequest, kubemqpb.QueuesDownstreamResponse]) error {
-	ds := &dsStream{s: s, txs: map[string]*dsTx{}}
+	ctx := stream.Context()
+	ds := &dsStream{s: s, txs: map[string]*dsTx{}, ctx: ctx, done: make(chan struct{})}
 	s.mu.Lock()
 	s.nextStreamID++
 	ds.id = s.nextStreamID
 	s.mu.Unlock()
-	defer ds.closeAll()
-	ctx := stream.Context()
+	defer func() {
+		ds.closeAll()
+		close(ds.done)
+	}()
 	in := receiver(ctx, stream.Recv)
 	var next *recvd[kubemqpb.QueuesDownstreamRequest]
 	for {
@@ -59,6 +64,8 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 			select {
 			case <-s.ctx.Done():
 				return errShutdown()
+			case <-stream.Context().Done():
+				return stream.Context().Err()
 			case r = <-in:
 			}
 		}
@@ -131,6 +138,17 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 	now := s.now().UnixNano()
 
 	q.mu.Lock()
+	if o := q.txOwner; o != nil && o.stream != ds && o.stream.ctx.Err() != nil {
+		// The owner's stream has ended and is closing its transactions: a client that reconnects
+		// at once is not opening a second transaction, so wait for that to finish.
+		q.mu.Unlock()
+		select {
+		case <-o.stream.done:
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+		q.mu.Lock()
+	}
 	if o := q.txOwner; o != nil {
 		why := "queue " + q.name + " already has an open downstream transaction on another stream"
 		if o.stream == ds {

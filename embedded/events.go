@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
@@ -407,6 +408,8 @@ func (s *Server) SendEventsStream(stream grpc.BidiStreamingServer[kubemqpb.Event
 			select {
 			case <-s.ctx.Done():
 				return errShutdown()
+			case <-stream.Context().Done():
+				return stream.Context().Err()
 			case r = <-in:
 			}
 			if r.err != nil {
@@ -495,6 +498,7 @@ func (s *Server) SubscribeToEvents(sub *kubemqpb.Subscribe, stream grpc.ServerSt
 	s.plain.mu.Lock()
 	s.plain.subs[ps] = struct{}{}
 	s.plain.mu.Unlock()
+	subscribed(stream)
 	defer func() {
 		s.plain.mu.Lock()
 		delete(s.plain.subs, ps)
@@ -558,6 +562,7 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 	if start {
 		s.goTracked(func() { s.dispatch(d) })
 	}
+	subscribed(stream)
 	err := s.serveMember(stream, m)
 	d.mu.Lock()
 	m.left = true
@@ -593,4 +598,11 @@ func (s *Server) serveMember(stream grpc.ServerStreamingServer[kubemqpb.EventRec
 			return errShutdown()
 		}
 	}
+}
+
+// subscribed sends the response headers as soon as a subscription is registered, so a client can
+// tell a live subscription (headers arrive) from a refused one (the stream ends with an error)
+// before any event flows. The real server sends them with the first event.
+func subscribed(stream grpc.ServerStream) {
+	_ = stream.SendHeader(metadata.Pairs("kubemq-subscribed", "1"))
 }

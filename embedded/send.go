@@ -178,6 +178,8 @@ func (s *Server) QueuesUpstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesU
 			select {
 			case <-s.ctx.Done():
 				return errShutdown()
+			case <-stream.Context().Done():
+				return stream.Context().Err()
 			case r = <-in:
 			}
 			if r.err != nil {

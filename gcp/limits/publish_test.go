@@ -8,6 +8,9 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 const topic = "projects/p/topics/orders"
@@ -173,4 +176,38 @@ func BenchmarkValidatePublish(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func TestWireSizeIsProtoSize(t *testing.T) {
+	fields := pubsubpbMessageFields()
+	if fields != "1 2 3 4 5" {
+		t.Fatalf("PubsubMessage fields are now %q: teach wireSize the new ones", fields)
+	}
+	withUnknown := &pubsubpb.PubsubMessage{Data: []byte("x")}
+	withUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 300))
+	msgs := []*pubsubpb.PubsubMessage{
+		nil,
+		{},
+		{Data: []byte("x")},
+		{Data: make([]byte, 200)},
+		{Attributes: map[string]string{"": ""}},
+		{Attributes: map[string]string{"k": strings.Repeat("v", 300), strings.Repeat("k", 130): "", "a": "b"}},
+		{MessageId: "123", PublishTime: timestamppb.Now(), OrderingKey: "ok"},
+		{PublishTime: &timestamppb.Timestamp{}},
+		withUnknown,
+	}
+	for _, m := range msgs {
+		if got, want := wireSize(m), proto.Size(m); got != want {
+			t.Fatalf("wireSize(%v) = %d, proto.Size = %d", m, got, want)
+		}
+	}
+}
+
+func pubsubpbMessageFields() string {
+	fd := (&pubsubpb.PubsubMessage{}).ProtoReflect().Descriptor().Fields()
+	var nums []string
+	for i := range fd.Len() {
+		nums = append(nums, fmt.Sprint(fd.Get(i).Number()))
+	}
+	return strings.Join(nums, " ")
 }

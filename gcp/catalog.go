@@ -90,6 +90,9 @@ type subEntry struct {
 // registry and kept current by its change feed.
 type catalog struct {
 	log *zap.Logger
+	// onSubGone is called (under the catalog lock; it must not block) when
+	// a subscription is deleted, detached or replaced by a new incarnation.
+	onSubGone func(id string)
 
 	mu      sync.RWMutex // guards the maps below
 	topics  map[string]*topicEntry
@@ -139,7 +142,16 @@ func (c *catalog) applyLocked(kind string, r record) {
 		}
 		c.topics[r.Key] = e
 	case kindSubscription:
-		if old, ok := c.subs[r.Key]; ok {
+		old, had := c.subs[r.Key]
+		defer func() {
+			if !had || c.onSubGone == nil {
+				return
+			}
+			if cur, ok := c.subs[r.Key]; !ok || cur.uid != old.uid || (cur.proto.GetDetached() && !old.proto.GetDetached()) {
+				c.onSubGone(r.Key)
+			}
+		}()
+		if had {
 			delete(c.byTopic[old.topicID], r.Key)
 			if len(c.byTopic[old.topicID]) == 0 {
 				delete(c.byTopic, old.topicID)

@@ -22,6 +22,7 @@ import (
 	"cloud.google.com/go/iam/apiv1/iampb"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
 )
 
@@ -91,6 +92,15 @@ type Server struct {
 	// leases are gone (detach, delete).
 	onDrop func(subID string)
 
+	deliveries *delivery.Manager
+	rtMu       sync.Mutex // guards runtimes, rtClosed
+	runtimes   map[string]*subRuntime
+	rtClosed   bool
+
+	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
+	streams  sync.WaitGroup // StreamingPull receive loops
+	bg       sync.WaitGroup // runtime drops started by topology changes
+
 	// adminMu serialises topology writes of this replica, so that a check
 	// ("does it exist?") and the write that follows are atomic here.
 	// Replicas still race; the registry's last writer wins.
@@ -103,16 +113,17 @@ type Server struct {
 // core is what newServer needs; New (wiring.go) builds it from the
 // proxy's dependencies, tests may build it from fakes.
 type core struct {
-	cfg   Config
-	log   *zap.Logger
-	ready func() error
-	topo  topology
-	be    backend
+	cfg        Config
+	log        *zap.Logger
+	ready      func() error
+	topo       topology
+	be         backend
+	deliveries *delivery.Manager
 }
 
 func newServer(c core) (*Server, error) {
-	if c.topo == nil || c.be == nil {
-		return nil, errors.New("gcp: no registry or backend")
+	if c.topo == nil || c.be == nil || c.deliveries == nil {
+		return nil, errors.New("gcp: no registry, backend or delivery manager")
 	}
 	c.cfg.setDefaults()
 	if c.log == nil {
@@ -121,9 +132,20 @@ func newServer(c core) (*Server, error) {
 	if c.ready == nil {
 		c.ready = func() error { return nil }
 	}
-	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen()}
+	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
+		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, stopping: make(chan struct{})}
+	s.onDrop = s.dropRuntime
 	s.pubLimits = limits.Publish{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxRequestBytes: max(limits.DefaultMaxRequestBytes, s.cfg.MaxMessageBytes)}
 	s.cat = newCatalog(s.log)
+	s.cat.onSubGone = func(id string) {
+		// Deleted, detached or re-created, here or on another replica.
+		// The registry's callback must not block: drop in the background.
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.dropRuntime(id)
+		}()
+	}
 	s.stopWatch = s.cat.follow(s.topo)
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
@@ -149,10 +171,12 @@ func (s *Server) Serve(lis net.Listener) error {
 	return err
 }
 
-// Shutdown stops accepting, lets unary calls finish and ends streams; when
-// ctx ends first, it stops hard.
+// Shutdown stops accepting, ends StreamingPull streams with UNAVAILABLE,
+// lets unary calls finish (when ctx ends first, it stops hard), and gives
+// every lease back for redelivery.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		close(s.stopping)
 		done := make(chan struct{})
 		go func() {
 			s.grpc.GracefulStop()
@@ -165,6 +189,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			<-done
 		}
 		s.stopWatch()
+		s.bg.Wait()
+		s.closeRuntimes()
+		s.streams.Wait()
 	})
 	return nil
 }

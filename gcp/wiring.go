@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 	"github.com/kubemq-io/kubemq-proxy/registry"
 )
@@ -15,8 +16,12 @@ import (
 type Options struct {
 	Client   *kubemqclient.Client // required
 	Registry *registry.Registry   // required; should have replayed (Ready gates on it)
-	Logger   *zap.Logger          // nil = no logs
-	Metrics  prometheus.Registerer
+	// Deliveries is the lease engine on KubeMQ queues; required. The
+	// front-end uses it with engine deadlines off (it runs Pub/Sub ack
+	// deadlines itself) and never sets hooks, so it may be shared.
+	Deliveries *delivery.Manager
+	Logger     *zap.Logger // nil = no logs
+	Metrics    prometheus.Registerer
 	// Ready reports nil when KubeMQ is reachable and the registry has
 	// replayed; while it does not, every RPC answers UNAVAILABLE.
 	Ready  func() error
@@ -25,8 +30,8 @@ type Options struct {
 
 // New builds the front-end; nothing listens until Serve.
 func New(o Options) (*Server, error) {
-	if o.Client == nil || o.Registry == nil {
-		return nil, errors.New("gcp: Options.Client and Options.Registry are required")
+	if o.Client == nil || o.Registry == nil || o.Deliveries == nil {
+		return nil, errors.New("gcp: Options.Client, Registry and Deliveries are required")
 	}
 	return newServer(core{
 		cfg:   o.Config,
@@ -34,6 +39,8 @@ func New(o Options) (*Server, error) {
 		ready: o.Ready,
 		topo:  registryTopology{o.Registry},
 		be:    kubemqBackend{o.Client},
+
+		deliveries: o.Deliveries,
 	})
 }
 

@@ -1,0 +1,660 @@
+package gcp
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/delivery"
+	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+)
+
+// Ack ids are "<engine lease id>.<generation>". The engine mints a lease
+// per delivery copy; the generation counts this package's own re-deliveries
+// of the same lease (ordered keys redeliver in place), so an ack or modack
+// that names an earlier generation, a settled lease or a lease of a dead
+// process matches nothing and is a no-op (decision 3: a nack followed by a
+// late receipt modack cannot re-lease the message).
+func ackID(leaseID string, gen uint32) string {
+	return leaseID + "." + strconv.FormatUint(uint64(gen), 10)
+}
+
+func parseAckID(id string) (leaseID string, gen uint32, ok bool) {
+	i := strings.LastIndexByte(id, '.')
+	if i <= 0 {
+		return "", 0, false
+	}
+	g, err := strconv.ParseUint(id[i+1:], 10, 32)
+	if err != nil {
+		return "", 0, false
+	}
+	return id[:i], uint32(g), true
+}
+
+type leaseState uint8
+
+const (
+	leaseOut     leaseState = iota + 1 // handed to a client, deadline running
+	leasePending                       // ordered: waits behind an earlier message of its key
+	leaseBackoff                       // ordered: nacked head waiting out its retry backoff
+	leaseReady                         // ordered: may be handed out again
+)
+
+// lease is this package's view of one engine delivery. Owned by
+// subRuntime.mu.
+type lease struct {
+	d        *delivery.Delivery
+	gen      uint32
+	attempt  int // delivery attempt of the current hand-out
+	state    leaseState
+	deadline time.Time // out: ack deadline; backoff: end of the backoff
+	flow     *flow     // the stream holding it (flow control); nil for Pull
+	bytes    int64
+	key      string // ordering key; "" = unordered
+	hidx     int    // index in subRuntime.heap; -1 when not in it
+}
+
+// flow is one StreamingPull stream's outstanding count, for its client's
+// flow control. Guarded by the subRuntime.mu of its subscription.
+type flow struct {
+	maxMsgs, maxBytes int64
+	msgs, bytes       int64
+	changed           chan struct{} // cap 1: something was settled
+}
+
+func (f *flow) release(l *lease) {
+	if f == nil {
+		return
+	}
+	f.msgs--
+	f.bytes -= l.bytes
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
+// room is how many more messages the stream may take (at least 0).
+func (f *flow) room() int64 {
+	if f.maxBytes > 0 && f.bytes >= f.maxBytes {
+		return 0
+	}
+	return max(f.maxMsgs-f.msgs, 0)
+}
+
+// keyState is one ordering key's place in a subscription: at most one of
+// its messages is out (or waiting out a backoff) at a time; the rest wait
+// in FIFO order. Owned by subRuntime.mu.
+type keyState struct {
+	head    *lease   // out, backoff or ready; nil when the key is idle
+	pending []*lease // fetched later, delivered after head is settled
+}
+
+var (
+	errSubGone       = errors.New("subscription deleted or detached")
+	errRuntimeClosed = errors.New("subscription runtime closed")
+)
+
+// subRuntime is one subscription's delivery state on this replica: a
+// delivery.Handle on the subscription's queue (engine deadlines off: this
+// type runs the ack deadlines so that expiry can honour the retry policy and
+// the dead-letter policy) and the table of leases out to clients.
+type subRuntime struct {
+	s     *Server
+	id    string
+	uid   string
+	h     *delivery.Handle
+	start time.Time
+
+	mu      sync.Mutex // guards everything below
+	leases  map[string]*lease
+	heap    leaseHeap
+	keys    map[string]*keyState // ordered subscriptions only
+	ready   []*lease             // ordered: heads to hand out again, oldest first
+	changed chan struct{}        // closed and replaced when room or ready work appears
+	closed  bool
+	timer   *time.Timer
+	wake    chan struct{} // cap 1: the earliest deadline moved
+
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
+	r := &subRuntime{
+		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(),
+		leases:  map[string]*lease{},
+		keys:    map[string]*keyState{},
+		changed: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+	}
+	r.wg.Add(1)
+	go r.sweep()
+	return r
+}
+
+// entry is the subscription's current settings (they may be updated while
+// it runs); nil when it is gone.
+func (r *subRuntime) entry() *subEntry {
+	e, ok := r.s.cat.sub(r.id)
+	if !ok || e.uid != r.uid {
+		return nil
+	}
+	return e
+}
+
+func (r *subRuntime) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// fetch hands out up to max messages, waiting until at least one is
+// available or ctx ends. f (may be nil) is charged for them; deadline is
+// the ack deadline they get.
+func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.Duration) ([]*pubsubpb.ReceivedMessage, error) {
+	for {
+		e := r.entry()
+		if e == nil || e.proto.GetDetached() {
+			return nil, errSubGone
+		}
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return nil, errRuntimeClosed
+		}
+		if out := r.handReadyLocked(e, max, f, deadline); len(out) > 0 {
+			r.mu.Unlock()
+			return out, nil
+		}
+		room := min(max, r.s.cfg.MaxInflightPerSubscription-len(r.leases))
+		changed := r.changed
+		r.mu.Unlock()
+		if room <= 0 {
+			// The in-flight ceiling: the tail stays in KubeMQ until
+			// something is settled.
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		fctx, cancel := context.WithCancel(ctx)
+		if e.proto.GetEnableMessageOrdering() {
+			// A released head must not wait behind a Fetch that waits for
+			// new messages.
+			go func() {
+				select {
+				case <-changed:
+					cancel()
+				case <-fctx.Done():
+				}
+			}()
+		}
+		ds, err := r.h.Fetch(fctx, room)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, context.Canceled) {
+				continue // woken for ready work
+			}
+			if errors.Is(err, delivery.ErrLeasesLost) {
+				r.reset()
+			}
+			return nil, err
+		}
+		r.mu.Lock()
+		out := r.acceptLocked(e, ds, f, deadline)
+		r.mu.Unlock()
+		if len(out) > 0 {
+			return out, nil
+		}
+	}
+}
+
+// acceptLocked turns fresh engine deliveries into leases: handed out now,
+// or queued behind an earlier message of their ordering key.
+func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow, deadline time.Duration) []*pubsubpb.ReceivedMessage {
+	ordered := e.proto.GetEnableMessageOrdering()
+	now := time.Now()
+	var out []*pubsubpb.ReceivedMessage
+	for _, d := range ds {
+		l := &lease{d: d, attempt: d.Attempt, hidx: -1, bytes: int64(len(d.Body))}
+		for k, v := range d.Tags {
+			l.bytes += int64(len(k) + len(v))
+		}
+		if ordered {
+			l.key = d.Tags[TagOrderingKey]
+		}
+		r.leases[d.LeaseID] = l
+		if l.key != "" {
+			ks := r.keys[l.key]
+			if ks == nil {
+				ks = &keyState{}
+				r.keys[l.key] = ks
+			}
+			if ks.head != nil {
+				l.state = leasePending
+				ks.pending = append(ks.pending, l)
+				continue
+			}
+			ks.head = l
+		}
+		out = append(out, r.handOutLocked(e, l, f, deadline, now))
+	}
+	return out
+}
+
+// handReadyLocked hands out ordered heads that became ready again.
+func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline time.Duration) []*pubsubpb.ReceivedMessage {
+	if len(r.ready) == 0 {
+		return nil
+	}
+	n := min(max, len(r.ready))
+	now := time.Now()
+	out := make([]*pubsubpb.ReceivedMessage, 0, n)
+	for _, l := range r.ready[:n] {
+		out = append(out, r.handOutLocked(e, l, f, deadline, now))
+	}
+	r.ready = r.ready[n:]
+	return out
+}
+
+func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time.Duration, now time.Time) *pubsubpb.ReceivedMessage {
+	l.gen++
+	l.state = leaseOut
+	l.flow = f
+	if f != nil {
+		f.msgs++
+		f.bytes += l.bytes
+	}
+	r.setDeadlineLocked(l, now.Add(deadline))
+	rm := &pubsubpb.ReceivedMessage{
+		AckId:   ackID(l.d.LeaseID, l.gen),
+		Message: decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, now),
+	}
+	if e.proto.GetDeadLetterPolicy() != nil {
+		rm.DeliveryAttempt = int32(l.attempt)
+	}
+	return rm
+}
+
+func (r *subRuntime) setDeadlineLocked(l *lease, t time.Time) {
+	l.deadline = t
+	if l.hidx >= 0 {
+		heap.Fix(&r.heap, l.hidx)
+	} else {
+		heap.Push(&r.heap, l)
+	}
+	if r.heap[0] == l {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *subRuntime) unheapLocked(l *lease) {
+	if l.hidx >= 0 {
+		heap.Remove(&r.heap, l.hidx)
+	}
+}
+
+// lookupLocked finds the lease an ack id names, if it is out under that
+// generation.
+func (r *subRuntime) lookupLocked(id string) *lease {
+	lid, gen, ok := parseAckID(id)
+	if !ok {
+		return nil
+	}
+	l := r.leases[lid]
+	if l == nil || l.gen != gen || l.state != leaseOut {
+		return nil
+	}
+	return l
+}
+
+// forgetLocked removes a settled lease and lets its key move on.
+func (r *subRuntime) forgetLocked(l *lease) {
+	r.unheapLocked(l)
+	delete(r.leases, l.d.LeaseID)
+	l.flow.release(l)
+	l.flow = nil
+	if l.key != "" {
+		if ks := r.keys[l.key]; ks != nil && ks.head == l {
+			r.advanceKeyLocked(l.key, ks)
+		}
+	}
+	r.notifyLocked()
+}
+
+func (r *subRuntime) advanceKeyLocked(key string, ks *keyState) {
+	if len(ks.pending) == 0 {
+		delete(r.keys, key)
+		return
+	}
+	next := ks.pending[0]
+	ks.pending = ks.pending[1:]
+	ks.head = next
+	next.state = leaseReady
+	r.ready = append(r.ready, next)
+}
+
+// ack settles ack ids; unknown and stale ones are ignored (plain
+// subscriptions, as Google: acking an expired id "may succeed").
+func (r *subRuntime) ack(ids []string) {
+	settled := make([]string, 0, len(ids))
+	r.mu.Lock()
+	for _, id := range ids {
+		if l := r.lookupLocked(id); l != nil {
+			r.forgetLocked(l)
+			settled = append(settled, l.d.LeaseID)
+		}
+	}
+	r.mu.Unlock()
+	if len(settled) > 0 {
+		r.h.Ack(settled...)
+	}
+}
+
+// modack extends deadlines (seconds > 0) or nacks (0).
+func (r *subRuntime) modack(ids []string, seconds int32) {
+	if seconds == 0 {
+		r.mu.Lock()
+		var failed []*lease
+		for _, id := range ids {
+			if l := r.lookupLocked(id); l != nil {
+				failed = append(failed, l)
+			}
+		}
+		r.mu.Unlock()
+		r.fail(failed, false)
+		return
+	}
+	t := time.Now().Add(time.Duration(seconds) * time.Second)
+	r.mu.Lock()
+	for _, id := range ids {
+		if l := r.lookupLocked(id); l != nil {
+			r.setDeadlineLocked(l, t)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// backoff is the retry policy's delay after a failed attempt: exponential
+// from minimum_backoff, clamped to maximum_backoff; 0 without a policy
+// (redeliver at once).
+func backoff(e *subEntry, attempt int) time.Duration {
+	b, ok, err := limits.RetryPolicy(e.proto.GetRetryPolicy())
+	if !ok || err != nil {
+		return 0
+	}
+	d := b.Min
+	for i := 1; i < attempt && d < b.Max; i++ {
+		d *= 2
+		if d <= 0 {
+			d = b.Max
+		}
+	}
+	return min(d, b.Max)
+}
+
+// fail handles leases whose attempt failed (nack or expiry): dead-letter
+// after the last attempt, otherwise redeliver after the retry backoff.
+// Each lease is re-checked under the lock, since an ack (or, for expired
+// ones, a modack) may have raced in.
+func (r *subRuntime) fail(ls []*lease, expired bool) {
+	if len(ls) == 0 {
+		return
+	}
+	e := r.entry()
+	if e == nil {
+		return // gone: its queue is purged, nothing to redeliver
+	}
+	var dead []*lease
+	type nack struct {
+		id    string
+		delay time.Duration
+	}
+	var nacks []nack
+	now := time.Now()
+	r.mu.Lock()
+	for _, l := range ls {
+		if r.leases[l.d.LeaseID] != l || l.state != leaseOut || (expired && l.deadline.After(now)) {
+			continue
+		}
+		if max := maxAttempts(e); max > 0 && l.attempt >= max {
+			// Taken out of circulation; forgotten once the dead-letter
+			// copy is stored.
+			r.unheapLocked(l)
+			l.state = leasePending
+			l.flow.release(l)
+			l.flow = nil
+			dead = append(dead, l)
+			continue
+		}
+		delay := backoff(e, l.attempt)
+		if l.key != "" {
+			// Ordered: redeliver in place so that the key's later
+			// messages stay behind it.
+			l.flow.release(l)
+			l.flow = nil
+			l.attempt++
+			l.gen++ // the failed hand-out's ack id is now stale
+			if delay <= 0 {
+				r.unheapLocked(l)
+				l.state = leaseReady
+				r.ready = append([]*lease{l}, r.ready...)
+				r.notifyLocked()
+			} else {
+				l.state = leaseBackoff
+				r.setDeadlineLocked(l, now.Add(delay))
+			}
+			continue
+		}
+		r.forgetLocked(l)
+		nacks = append(nacks, nack{l.d.LeaseID, delay})
+	}
+	r.mu.Unlock()
+	for _, n := range nacks {
+		r.h.Nack(n.id, n.delay)
+	}
+	if len(dead) > 0 {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.deadLetter(e, dead)
+		}()
+	}
+}
+
+// maxAttempts is the dead-letter policy's limit, 0 without a policy.
+func maxAttempts(e *subEntry) int {
+	n, ok, err := limits.DeadLetterAttempts(e.proto.GetDeadLetterPolicy())
+	if !ok || err != nil {
+		return 0
+	}
+	return int(n)
+}
+
+// Attributes Google stamps on dead-lettered copies.
+const (
+	attrDLSourceSubscription        = "CloudPubSubDeadLetterSourceSubscription"
+	attrDLSourceSubscriptionProject = "CloudPubSubDeadLetterSourceSubscriptionProject"
+	attrDLSourceDeliveryCount       = "CloudPubSubDeadLetterSourceDeliveryCount"
+	attrDLSourceTopicPublishTime    = "CloudPubSubDeadLetterSourceTopicPublishTime"
+)
+
+// deadLetter republishes each message to the dead-letter topic through the
+// normal publish path, then acks the original. When that is impossible
+// (topic gone, backend down) the message is redelivered instead: it is
+// never dropped.
+func (r *subRuntime) deadLetter(e *subEntry, ls []*lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sn, _ := names.ParseSubscription(e.proto.GetName())
+	var err error
+	var t *topicEntry
+	if tn, perr := names.ParseTopic(e.proto.GetDeadLetterPolicy().GetDeadLetterTopic()); perr != nil {
+		err = perr
+	} else if te, ok := r.s.cat.topic(tn.ID); !ok {
+		err = notFound(tn.ID)
+	} else {
+		t = te
+	}
+	if err == nil {
+		msgs := make([]*pubsubpb.PubsubMessage, len(ls))
+		for i, l := range ls {
+			m := decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, time.Now())
+			attrs := make(map[string]string, len(m.Attributes)+4)
+			for k, v := range m.Attributes {
+				attrs[k] = v
+			}
+			attrs[attrDLSourceSubscription] = sn.String()
+			attrs[attrDLSourceSubscriptionProject] = sn.Project
+			attrs[attrDLSourceDeliveryCount] = strconv.Itoa(l.attempt)
+			if m.PublishTime != nil {
+				attrs[attrDLSourceTopicPublishTime] = m.PublishTime.AsTime().UTC().Format(time.RFC3339Nano)
+			}
+			msgs[i] = &pubsubpb.PubsubMessage{Data: m.Data, Attributes: attrs, OrderingKey: m.OrderingKey}
+		}
+		_, err = r.s.publish(ctx, t, msgs)
+	}
+	ids := make([]string, len(ls))
+	r.mu.Lock()
+	for i, l := range ls {
+		ids[i] = l.d.LeaseID
+		if r.leases[l.d.LeaseID] == l {
+			r.forgetLocked(l)
+		}
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.s.log.Warn("dead-lettering failed; the messages are redelivered", zap.String("subscription", r.id), zap.Error(err))
+		for _, id := range ids {
+			r.h.Nack(id, 0)
+		}
+		return
+	}
+	r.h.Ack(ids...)
+}
+
+// sweep expires ack deadlines and ends ordered backoffs.
+func (r *subRuntime) sweep() {
+	defer r.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		var expired []*lease
+		now := time.Now()
+		for len(r.heap) > 0 && !r.heap[0].deadline.After(now) {
+			l := heap.Pop(&r.heap).(*lease)
+			switch l.state {
+			case leaseOut:
+				expired = append(expired, l)
+			case leaseBackoff:
+				l.state = leaseReady
+				r.ready = append(r.ready, l)
+				r.notifyLocked()
+			}
+		}
+		next := time.Hour
+		if len(r.heap) > 0 {
+			next = time.Until(r.heap[0].deadline)
+		}
+		r.mu.Unlock()
+		// Expired leases were popped; fail wants them out, so they go
+		// through it with a fresh look under the lock.
+		r.fail(expired, true)
+		timer.Reset(next)
+		select {
+		case <-r.done:
+			return
+		case <-r.wake:
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-timer.C:
+		}
+	}
+}
+
+// reset drops every lease after the engine lost them (backend outage):
+// their lease records bring the messages back; outstanding ack ids die.
+func (r *subRuntime) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range r.leases {
+		l.flow.release(l)
+	}
+	r.leases = map[string]*lease{}
+	r.heap = nil
+	r.keys = map[string]*keyState{}
+	r.ready = nil
+	r.notifyLocked()
+}
+
+// close stops the runtime. drop settles every lease as consumed (the
+// subscription is deleted or detached); otherwise leases go back to the
+// queue for redelivery.
+func (r *subRuntime) close(drop bool) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	ids := make([]string, 0, len(r.leases))
+	for id := range r.leases {
+		ids = append(ids, id)
+	}
+	r.leases = map[string]*lease{}
+	r.heap = nil
+	r.notifyLocked()
+	r.mu.Unlock()
+	close(r.done)
+	r.wg.Wait()
+	if drop {
+		r.h.Ack(ids...)
+	} else {
+		r.h.Release(ids...)
+	}
+	r.h.Close()
+}
+
+// leaseHeap orders leases by deadline.
+type leaseHeap []*lease
+
+func (h leaseHeap) Len() int           { return len(h) }
+func (h leaseHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h leaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx = i
+	h[j].hidx = j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*lease)
+	l.hidx = len(*h)
+	*h = append(*h, l)
+}
+func (h *leaseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	l.hidx = -1
+	return l
+}

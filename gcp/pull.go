@@ -1,0 +1,190 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+)
+
+// Unary Pull bounds: return_immediately waits only for what the poller
+// already holds; otherwise Pull waits for a message up to maxPullWait (or
+// the client's deadline) and then answers empty, as Google does.
+const (
+	immediateWait = 20 * time.Millisecond
+	maxPullWait   = 25 * time.Second
+)
+
+// runtime returns the subscription's delivery runtime, starting it on
+// first use. The entry must be current (from the catalog).
+func (s *Server) runtime(ctx context.Context, e *subEntry) (*subRuntime, error) {
+	s.rtMu.Lock()
+	defer s.rtMu.Unlock()
+	if s.rtClosed {
+		return nil, errRuntimeClosed
+	}
+	if r := s.runtimes[e.id]; r != nil {
+		if r.uid == e.uid {
+			return r, nil
+		}
+		delete(s.runtimes, e.id) // a stale incarnation; closed by its own drop
+	}
+	h, err := s.deliveries.Acquire(ctx, e.queue)
+	if err != nil {
+		return nil, err
+	}
+	h.SetDeadline(0) // this package runs the ack deadlines (lease.go)
+	r := newSubRuntime(s, e, h)
+	s.runtimes[e.id] = r
+	return r, nil
+}
+
+// lookupRuntime finds a running runtime for acks; nil when the
+// subscription has none on this replica (its ack ids are then stale).
+func (s *Server) lookupRuntime(e *subEntry) *subRuntime {
+	s.rtMu.Lock()
+	defer s.rtMu.Unlock()
+	if r := s.runtimes[e.id]; r != nil && r.uid == e.uid {
+		return r
+	}
+	return nil
+}
+
+// dropRuntime ends a subscription's runtime (deleted, detached or
+// re-created): its leases are settled as consumed.
+func (s *Server) dropRuntime(id string) {
+	s.rtMu.Lock()
+	r := s.runtimes[id]
+	delete(s.runtimes, id)
+	s.rtMu.Unlock()
+	if r != nil {
+		r.close(true)
+	}
+}
+
+// closeRuntimes gives every lease back (shutdown).
+func (s *Server) closeRuntimes() {
+	s.rtMu.Lock()
+	s.rtClosed = true
+	rs := s.runtimes
+	s.runtimes = map[string]*subRuntime{}
+	s.rtMu.Unlock()
+	for _, r := range rs {
+		r.close(false)
+	}
+}
+
+// pullable looks a subscription up for a pull: NOT_FOUND, or
+// FAILED_PRECONDITION once detached.
+func (s *Server) pullable(name string) (*subEntry, names.SubscriptionName, error) {
+	sn, err := names.ParseSubscription(name)
+	if err != nil {
+		return nil, sn, err
+	}
+	e, ok := s.cat.sub(sn.ID)
+	if !ok {
+		return nil, sn, notFound(sn.ID)
+	}
+	if e.proto.GetDetached() {
+		return nil, sn, status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
+	}
+	return e, sn, nil
+}
+
+// deliveryStatus maps a fetch failure.
+func (s *Server) deliveryStatus(sn names.SubscriptionName, err error) error {
+	switch {
+	case errors.Is(err, errSubGone):
+		if e, ok := s.cat.sub(sn.ID); ok && e.proto.GetDetached() {
+			return status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
+		}
+		return notFound(sn.ID)
+	case errors.Is(err, errRuntimeClosed):
+		return status.Error(codes.Unavailable, "kubemq-proxy is shutting down")
+	}
+	return toStatus(err)
+}
+
+func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubsubpb.PullResponse, error) {
+	s := p.s
+	e, sn, err := s.pullable(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	n, err := limits.PullMaxMessages(req.GetMaxMessages())
+	if err != nil {
+		return nil, err
+	}
+	rt, err := s.runtime(ctx, e)
+	if err != nil {
+		return nil, s.deliveryStatus(sn, err)
+	}
+	wait := maxPullWait
+	if req.GetReturnImmediately() {
+		wait = immediateWait
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Answer (empty) a little before the client gives up.
+		wait = min(wait, time.Until(dl)*9/10)
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	msgs, err := rt.fetch(pctx, int(n), nil, time.Duration(e.proto.GetAckDeadlineSeconds())*time.Second)
+	if err != nil {
+		if pctx.Err() != nil && ctx.Err() == nil {
+			return &pubsubpb.PullResponse{}, nil
+		}
+		return nil, s.deliveryStatus(sn, err)
+	}
+	return &pubsubpb.PullResponse{ReceivedMessages: msgs}, nil
+}
+
+// ackTarget finds the runtime for an ack or modack. A subscription with no
+// runtime here has no live leases here: every id is stale, a no-op.
+func (s *Server) ackTarget(name string, ids []string) (*subRuntime, error) {
+	sn, err := names.ParseSubscription(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "No ack ids specified.")
+	}
+	e, ok := s.cat.sub(sn.ID)
+	if !ok {
+		return nil, notFound(sn.ID)
+	}
+	return s.lookupRuntime(e), nil
+}
+
+func (p *subscriber) Acknowledge(ctx context.Context, req *pubsubpb.AcknowledgeRequest) (*emptypb.Empty, error) {
+	rt, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
+	if err != nil {
+		return nil, err
+	}
+	if rt != nil {
+		rt.ack(req.GetAckIds())
+	}
+	return &emptypb.Empty{}, nil
+}
+
+func (p *subscriber) ModifyAckDeadline(ctx context.Context, req *pubsubpb.ModifyAckDeadlineRequest) (*emptypb.Empty, error) {
+	if err := limits.ModifyAckDeadline(req.GetAckDeadlineSeconds()); err != nil {
+		return nil, err
+	}
+	rt, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
+	if err != nil {
+		return nil, err
+	}
+	if rt != nil {
+		rt.modack(req.GetAckIds(), req.GetAckDeadlineSeconds())
+	}
+	return &emptypb.Empty{}, nil
+}

@@ -1,0 +1,181 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+)
+
+// maxStreamBatch bounds one StreamingPullResponse.
+const maxStreamBatch = 1000
+
+// StreamingPull is a receive loop (acks, modacks, deadline changes) and a
+// send loop (messages within the client's flow control) reporting into one
+// error channel. The server ends the stream with UNAVAILABLE after
+// StreamCloseAfter, and at shutdown, so that clients reconnect.
+func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServer) error {
+	s := p.s
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	if first.GetSubscription() == "" {
+		return status.Error(codes.InvalidArgument, "The first StreamingPullRequest must name a subscription.")
+	}
+	e, sn, err := s.pullable(first.GetSubscription())
+	if err != nil {
+		return err
+	}
+	if err := checkModacks(first); err != nil {
+		return err
+	}
+	var deadline atomic.Int64 // the ack deadline of messages sent from now on
+	if sec := first.GetStreamAckDeadlineSeconds(); sec != 0 {
+		if err := limits.StreamAckDeadline(sec); err != nil {
+			return err
+		}
+		deadline.Store(int64(sec) * int64(time.Second))
+	} else {
+		deadline.Store(int64(e.proto.GetAckDeadlineSeconds()) * int64(time.Second))
+	}
+	f := &flow{maxMsgs: first.GetMaxOutstandingMessages(), maxBytes: first.GetMaxOutstandingBytes(), changed: make(chan struct{}, 1)}
+	if f.maxMsgs <= 0 {
+		f.maxMsgs = int64(s.cfg.MaxOutstandingMessages)
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	rt, err := s.runtime(ctx, e)
+	if err != nil {
+		return s.deliveryStatus(sn, err)
+	}
+	applyStreamRequest(rt, first)
+
+	errc := make(chan error, 2)
+	// The receive loop ends when the RPC does (Recv fails then); it is
+	// counted so that Shutdown waits for it.
+	s.streams.Add(1)
+	go func() {
+		defer s.streams.Done()
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil // the client half-closed: it is done
+				}
+				errc <- err
+				return
+			}
+			if err := checkModacks(req); err != nil {
+				errc <- err
+				return
+			}
+			if sec := req.GetStreamAckDeadlineSeconds(); sec != 0 {
+				if err := limits.StreamAckDeadline(sec); err != nil {
+					errc <- err
+					return
+				}
+				deadline.Store(int64(sec) * int64(time.Second))
+			}
+			applyStreamRequest(rt, req)
+		}
+	}()
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		errc <- p.sendLoop(ctx, stream, rt, f, &deadline)
+	}()
+
+	timer := time.NewTimer(s.cfg.StreamCloseAfter)
+	defer timer.Stop()
+	select {
+	case err = <-errc:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			err = s.deliveryStatus(sn, err)
+		}
+	case <-timer.C:
+		err = status.Error(codes.Unavailable, "The StreamingPull stream was closed by the server after its maximum lifetime; reconnect.")
+	case <-s.stopping:
+		err = status.Error(codes.Unavailable, "kubemq-proxy is shutting down.")
+	}
+	cancel()
+	<-sendDone
+	return err
+}
+
+// checkModacks validates a request's modify deadlines before any of it is
+// applied.
+func checkModacks(req *pubsubpb.StreamingPullRequest) error {
+	if len(req.GetModifyDeadlineSeconds()) != len(req.GetModifyDeadlineAckIds()) {
+		return status.Error(codes.InvalidArgument, "modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
+	}
+	for _, sec := range req.GetModifyDeadlineSeconds() {
+		if err := limits.ModifyAckDeadline(sec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyStreamRequest(rt *subRuntime, req *pubsubpb.StreamingPullRequest) {
+	if ids := req.GetAckIds(); len(ids) > 0 {
+		rt.ack(ids)
+	}
+	// Clients send runs of one deadline (receipts, extensions, nacks):
+	// group them to take the lock once per run.
+	secs, ids := req.GetModifyDeadlineSeconds(), req.GetModifyDeadlineAckIds()
+	for i := 0; i < len(ids); {
+		j := i + 1
+		for j < len(ids) && secs[j] == secs[i] {
+			j++
+		}
+		rt.modack(ids[i:j], secs[i])
+		i = j
+	}
+}
+
+func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_StreamingPullServer, rt *subRuntime, f *flow, deadline *atomic.Int64) error {
+	for {
+		rt.mu.Lock()
+		room := f.room()
+		rt.mu.Unlock()
+		if room <= 0 {
+			select {
+			case <-f.changed:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		msgs, err := rt.fetch(ctx, int(min(room, maxStreamBatch)), f, time.Duration(deadline.Load()))
+		if err != nil {
+			return err
+		}
+		e := rt.entry()
+		resp := &pubsubpb.StreamingPullResponse{ReceivedMessages: msgs}
+		if e != nil {
+			resp.SubscriptionProperties = &pubsubpb.StreamingPullResponse_SubscriptionProperties{
+				MessageOrderingEnabled: e.proto.GetEnableMessageOrdering(),
+				// Exactly-once is accepted as a flag but delivery stays
+				// at-least-once; telling the client would make it wait for
+				// confirmations this server does not send.
+				ExactlyOnceDeliveryEnabled: false,
+			}
+		}
+		if err := stream.Send(resp); err != nil {
+			// The messages stay leased until their deadline, as on Google.
+			return err
+		}
+	}
+}

@@ -69,6 +69,11 @@ const (
 	DefaultExpirationTTL = 31 * 24 * time.Hour
 
 	MaxPullMessages = 1000
+
+	// MaxAckRequestBytes is Google's limit on an Acknowledge or
+	// ModifyAckDeadline request ("Request payload size exceeds the limit:
+	// 524288 bytes"); client libraries split their ack ids to stay under it.
+	MaxAckRequestBytes = 512 << 10
 )
 
 // quotasURL is where Google's attribute-limit texts point.

@@ -23,8 +23,10 @@ type Method interface {
 	// Sync reports whether the spec marks the method synchronous.
 	Sync() bool
 
-	encodeArgs(e *encoder)
-	decodeArgs(d *decoder)
+	// The codec state travels by value: through a pointer it would escape
+	// to the heap on every call of these interface methods.
+	encodeArgs(e encoder) encoder
+	decodeArgs(d decoder) decoder
 }
 
 // MethodKey identifies a method by its class and method ids.
@@ -80,7 +82,7 @@ func AppendMethod(dst []byte, m Method) ([]byte, error) {
 	e := encoder{buf: dst}
 	e.short(m.ClassID())
 	e.short(m.MethodID())
-	m.encodeArgs(&e)
+	e = m.encodeArgs(e)
 	if e.err != nil {
 		return dst, fmt.Errorf("wire: encoding %s: %w", m.Name(), e.err)
 	}
@@ -106,7 +108,7 @@ func DecodeMethod(payload []byte) (Method, error) {
 		return nil, err
 	}
 	d := decoder{buf: payload[4:]}
-	m.decodeArgs(&d)
+	d = m.decodeArgs(d)
 	if d.err == nil && d.remaining() != 0 {
 		d.fail("%d bytes after the last field", d.remaining())
 	}

@@ -685,20 +685,22 @@ func (m *ConnectionStart) String() string {
 	return fmt.Sprintf("connection.start{version-major=%d version-minor=%d server-properties=%v mechanisms=%q locales=%q}", m.VersionMajor, m.VersionMinor, m.ServerProperties, m.Mechanisms, m.Locales)
 }
 
-func (m *ConnectionStart) encodeArgs(e *encoder) {
+func (m *ConnectionStart) encodeArgs(e encoder) encoder {
 	e.octet(m.VersionMajor)
 	e.octet(m.VersionMinor)
 	e.table(m.ServerProperties)
 	e.longstr(m.Mechanisms)
 	e.longstr(m.Locales)
+	return e
 }
 
-func (m *ConnectionStart) decodeArgs(d *decoder) {
+func (m *ConnectionStart) decodeArgs(d decoder) decoder {
 	m.VersionMajor = d.octet()
 	m.VersionMinor = d.octet()
 	m.ServerProperties = d.table()
 	m.Mechanisms = d.longstr()
 	m.Locales = d.longstr()
+	return d
 }
 
 // ConnectionStartOk is connection.start-ok (class 10, method 11).
@@ -730,18 +732,20 @@ func (m *ConnectionStartOk) String() string {
 	return fmt.Sprintf("connection.start-ok{client-properties=%v mechanism=%q response=<%d bytes> locale=%q}", m.ClientProperties, m.Mechanism, len(m.Response), m.Locale)
 }
 
-func (m *ConnectionStartOk) encodeArgs(e *encoder) {
+func (m *ConnectionStartOk) encodeArgs(e encoder) encoder {
 	e.table(m.ClientProperties)
 	e.shortstr(m.Mechanism)
 	e.longstr(m.Response)
 	e.shortstr(m.Locale)
+	return e
 }
 
-func (m *ConnectionStartOk) decodeArgs(d *decoder) {
+func (m *ConnectionStartOk) decodeArgs(d decoder) decoder {
 	m.ClientProperties = d.table()
 	m.Mechanism = d.shortstr()
 	m.Response = d.longstr()
 	m.Locale = d.shortstr()
+	return d
 }
 
 // ConnectionSecure is connection.secure (class 10, method 20).
@@ -770,12 +774,14 @@ func (m *ConnectionSecure) String() string {
 	return fmt.Sprintf("connection.secure{challenge=%q}", m.Challenge)
 }
 
-func (m *ConnectionSecure) encodeArgs(e *encoder) {
+func (m *ConnectionSecure) encodeArgs(e encoder) encoder {
 	e.longstr(m.Challenge)
+	return e
 }
 
-func (m *ConnectionSecure) decodeArgs(d *decoder) {
+func (m *ConnectionSecure) decodeArgs(d decoder) decoder {
 	m.Challenge = d.longstr()
+	return d
 }
 
 // ConnectionSecureOk is connection.secure-ok (class 10, method 21).
@@ -804,12 +810,14 @@ func (m *ConnectionSecureOk) String() string {
 	return fmt.Sprintf("connection.secure-ok{response=<%d bytes>}", len(m.Response))
 }
 
-func (m *ConnectionSecureOk) encodeArgs(e *encoder) {
+func (m *ConnectionSecureOk) encodeArgs(e encoder) encoder {
 	e.longstr(m.Response)
+	return e
 }
 
-func (m *ConnectionSecureOk) decodeArgs(d *decoder) {
+func (m *ConnectionSecureOk) decodeArgs(d decoder) decoder {
 	m.Response = d.longstr()
+	return d
 }
 
 // ConnectionTune is connection.tune (class 10, method 30).
@@ -840,16 +848,18 @@ func (m *ConnectionTune) String() string {
 	return fmt.Sprintf("connection.tune{channel-max=%d frame-max=%d heartbeat=%d}", m.ChannelMax, m.FrameMax, m.Heartbeat)
 }
 
-func (m *ConnectionTune) encodeArgs(e *encoder) {
+func (m *ConnectionTune) encodeArgs(e encoder) encoder {
 	e.short(m.ChannelMax)
 	e.long(m.FrameMax)
 	e.short(m.Heartbeat)
+	return e
 }
 
-func (m *ConnectionTune) decodeArgs(d *decoder) {
+func (m *ConnectionTune) decodeArgs(d decoder) decoder {
 	m.ChannelMax = d.short()
 	m.FrameMax = d.long()
 	m.Heartbeat = d.short()
+	return d
 }
 
 // ConnectionTuneOk is connection.tune-ok (class 10, method 31).
@@ -880,16 +890,18 @@ func (m *ConnectionTuneOk) String() string {
 	return fmt.Sprintf("connection.tune-ok{channel-max=%d frame-max=%d heartbeat=%d}", m.ChannelMax, m.FrameMax, m.Heartbeat)
 }
 
-func (m *ConnectionTuneOk) encodeArgs(e *encoder) {
+func (m *ConnectionTuneOk) encodeArgs(e encoder) encoder {
 	e.short(m.ChannelMax)
 	e.long(m.FrameMax)
 	e.short(m.Heartbeat)
+	return e
 }
 
-func (m *ConnectionTuneOk) decodeArgs(d *decoder) {
+func (m *ConnectionTuneOk) decodeArgs(d decoder) decoder {
 	m.ChannelMax = d.short()
 	m.FrameMax = d.long()
 	m.Heartbeat = d.short()
+	return d
 }
 
 // ConnectionOpen is connection.open (class 10, method 40).
@@ -918,16 +930,18 @@ func (m *ConnectionOpen) String() string {
 	return fmt.Sprintf("connection.open{virtual-host=%q}", m.VirtualHost)
 }
 
-func (m *ConnectionOpen) encodeArgs(e *encoder) {
+func (m *ConnectionOpen) encodeArgs(e encoder) encoder {
 	e.shortstr(m.VirtualHost)
 	e.shortstr("")
 	e.octet(0) // reserved bits
+	return e
 }
 
-func (m *ConnectionOpen) decodeArgs(d *decoder) {
+func (m *ConnectionOpen) decodeArgs(d decoder) decoder {
 	m.VirtualHost = d.shortstr()
 	d.skipShortstr()
 	d.octet()
+	return d
 }
 
 // ConnectionOpenOk is connection.open-ok (class 10, method 41).
@@ -953,12 +967,14 @@ func (*ConnectionOpenOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ConnectionOpenOk) String() string { return "connection.open-ok{}" }
 
-func (*ConnectionOpenOk) encodeArgs(e *encoder) {
+func (*ConnectionOpenOk) encodeArgs(e encoder) encoder {
 	e.shortstr("")
+	return e
 }
 
-func (*ConnectionOpenOk) decodeArgs(d *decoder) {
+func (*ConnectionOpenOk) decodeArgs(d decoder) decoder {
 	d.skipShortstr()
+	return d
 }
 
 // ConnectionClose is connection.close (class 10, method 50).
@@ -990,18 +1006,20 @@ func (m *ConnectionClose) String() string {
 	return fmt.Sprintf("connection.close{reply-code=%d reply-text=%q class-id=%d method-id=%d}", m.ReplyCode, m.ReplyText, m.FailingClassID, m.FailingMethodID)
 }
 
-func (m *ConnectionClose) encodeArgs(e *encoder) {
+func (m *ConnectionClose) encodeArgs(e encoder) encoder {
 	e.short(m.ReplyCode)
 	e.shortstr(m.ReplyText)
 	e.short(m.FailingClassID)
 	e.short(m.FailingMethodID)
+	return e
 }
 
-func (m *ConnectionClose) decodeArgs(d *decoder) {
+func (m *ConnectionClose) decodeArgs(d decoder) decoder {
 	m.ReplyCode = d.short()
 	m.ReplyText = d.shortstr()
 	m.FailingClassID = d.short()
 	m.FailingMethodID = d.short()
+	return d
 }
 
 // ConnectionCloseOk is connection.close-ok (class 10, method 51).
@@ -1027,9 +1045,9 @@ func (*ConnectionCloseOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ConnectionCloseOk) String() string { return "connection.close-ok{}" }
 
-func (*ConnectionCloseOk) encodeArgs(*encoder) {}
+func (*ConnectionCloseOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ConnectionCloseOk) decodeArgs(*decoder) {}
+func (*ConnectionCloseOk) decodeArgs(d decoder) decoder { return d }
 
 // ConnectionBlocked is connection.blocked (class 10, method 60).
 // It is asynchronous, sent by either peer.
@@ -1057,12 +1075,14 @@ func (m *ConnectionBlocked) String() string {
 	return fmt.Sprintf("connection.blocked{reason=%q}", m.Reason)
 }
 
-func (m *ConnectionBlocked) encodeArgs(e *encoder) {
+func (m *ConnectionBlocked) encodeArgs(e encoder) encoder {
 	e.shortstr(m.Reason)
+	return e
 }
 
-func (m *ConnectionBlocked) decodeArgs(d *decoder) {
+func (m *ConnectionBlocked) decodeArgs(d decoder) decoder {
 	m.Reason = d.shortstr()
+	return d
 }
 
 // ConnectionUnblocked is connection.unblocked (class 10, method 61).
@@ -1088,9 +1108,9 @@ func (*ConnectionUnblocked) Sync() bool { return false }
 // String describes the method for logs; secrets are redacted.
 func (*ConnectionUnblocked) String() string { return "connection.unblocked{}" }
 
-func (*ConnectionUnblocked) encodeArgs(*encoder) {}
+func (*ConnectionUnblocked) encodeArgs(e encoder) encoder { return e }
 
-func (*ConnectionUnblocked) decodeArgs(*decoder) {}
+func (*ConnectionUnblocked) decodeArgs(d decoder) decoder { return d }
 
 // ConnectionUpdateSecret is connection.update-secret (class 10, method 70).
 // It is synchronous, sent by the client. The reply is connection.update-secret-ok.
@@ -1119,14 +1139,16 @@ func (m *ConnectionUpdateSecret) String() string {
 	return fmt.Sprintf("connection.update-secret{new-secret=<%d bytes> reason=%q}", len(m.NewSecret), m.Reason)
 }
 
-func (m *ConnectionUpdateSecret) encodeArgs(e *encoder) {
+func (m *ConnectionUpdateSecret) encodeArgs(e encoder) encoder {
 	e.longstr(m.NewSecret)
 	e.shortstr(m.Reason)
+	return e
 }
 
-func (m *ConnectionUpdateSecret) decodeArgs(d *decoder) {
+func (m *ConnectionUpdateSecret) decodeArgs(d decoder) decoder {
 	m.NewSecret = d.longstr()
 	m.Reason = d.shortstr()
+	return d
 }
 
 // ConnectionUpdateSecretOk is connection.update-secret-ok (class 10, method 71).
@@ -1152,9 +1174,9 @@ func (*ConnectionUpdateSecretOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ConnectionUpdateSecretOk) String() string { return "connection.update-secret-ok{}" }
 
-func (*ConnectionUpdateSecretOk) encodeArgs(*encoder) {}
+func (*ConnectionUpdateSecretOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ConnectionUpdateSecretOk) decodeArgs(*decoder) {}
+func (*ConnectionUpdateSecretOk) decodeArgs(d decoder) decoder { return d }
 
 // ChannelOpen is channel.open (class 20, method 10).
 // It is synchronous, sent by the client. The reply is channel.open-ok.
@@ -1179,12 +1201,14 @@ func (*ChannelOpen) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ChannelOpen) String() string { return "channel.open{}" }
 
-func (*ChannelOpen) encodeArgs(e *encoder) {
+func (*ChannelOpen) encodeArgs(e encoder) encoder {
 	e.shortstr("")
+	return e
 }
 
-func (*ChannelOpen) decodeArgs(d *decoder) {
+func (*ChannelOpen) decodeArgs(d decoder) decoder {
 	d.skipShortstr()
+	return d
 }
 
 // ChannelOpenOk is channel.open-ok (class 20, method 11).
@@ -1210,12 +1234,14 @@ func (*ChannelOpenOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ChannelOpenOk) String() string { return "channel.open-ok{}" }
 
-func (*ChannelOpenOk) encodeArgs(e *encoder) {
+func (*ChannelOpenOk) encodeArgs(e encoder) encoder {
 	e.longstr("")
+	return e
 }
 
-func (*ChannelOpenOk) decodeArgs(d *decoder) {
+func (*ChannelOpenOk) decodeArgs(d decoder) decoder {
 	d.skipLongstr()
+	return d
 }
 
 // ChannelFlow is channel.flow (class 20, method 20).
@@ -1244,17 +1270,19 @@ func (m *ChannelFlow) String() string {
 	return fmt.Sprintf("channel.flow{active=%t}", m.Active)
 }
 
-func (m *ChannelFlow) encodeArgs(e *encoder) {
+func (m *ChannelFlow) encodeArgs(e encoder) encoder {
 	var bits0 uint8
 	if m.Active {
 		bits0 |= 1 << 0
 	}
 	e.octet(bits0)
+	return e
 }
 
-func (m *ChannelFlow) decodeArgs(d *decoder) {
+func (m *ChannelFlow) decodeArgs(d decoder) decoder {
 	bits0 := d.octet()
 	m.Active = bits0&(1<<0) != 0
+	return d
 }
 
 // ChannelFlowOk is channel.flow-ok (class 20, method 21).
@@ -1283,17 +1311,19 @@ func (m *ChannelFlowOk) String() string {
 	return fmt.Sprintf("channel.flow-ok{active=%t}", m.Active)
 }
 
-func (m *ChannelFlowOk) encodeArgs(e *encoder) {
+func (m *ChannelFlowOk) encodeArgs(e encoder) encoder {
 	var bits0 uint8
 	if m.Active {
 		bits0 |= 1 << 0
 	}
 	e.octet(bits0)
+	return e
 }
 
-func (m *ChannelFlowOk) decodeArgs(d *decoder) {
+func (m *ChannelFlowOk) decodeArgs(d decoder) decoder {
 	bits0 := d.octet()
 	m.Active = bits0&(1<<0) != 0
+	return d
 }
 
 // ChannelClose is channel.close (class 20, method 40).
@@ -1325,18 +1355,20 @@ func (m *ChannelClose) String() string {
 	return fmt.Sprintf("channel.close{reply-code=%d reply-text=%q class-id=%d method-id=%d}", m.ReplyCode, m.ReplyText, m.FailingClassID, m.FailingMethodID)
 }
 
-func (m *ChannelClose) encodeArgs(e *encoder) {
+func (m *ChannelClose) encodeArgs(e encoder) encoder {
 	e.short(m.ReplyCode)
 	e.shortstr(m.ReplyText)
 	e.short(m.FailingClassID)
 	e.short(m.FailingMethodID)
+	return e
 }
 
-func (m *ChannelClose) decodeArgs(d *decoder) {
+func (m *ChannelClose) decodeArgs(d decoder) decoder {
 	m.ReplyCode = d.short()
 	m.ReplyText = d.shortstr()
 	m.FailingClassID = d.short()
 	m.FailingMethodID = d.short()
+	return d
 }
 
 // ChannelCloseOk is channel.close-ok (class 20, method 41).
@@ -1362,9 +1394,9 @@ func (*ChannelCloseOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ChannelCloseOk) String() string { return "channel.close-ok{}" }
 
-func (*ChannelCloseOk) encodeArgs(*encoder) {}
+func (*ChannelCloseOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ChannelCloseOk) decodeArgs(*decoder) {}
+func (*ChannelCloseOk) decodeArgs(d decoder) decoder { return d }
 
 // ExchangeDeclare is exchange.declare (class 40, method 10).
 // It is synchronous, sent by the client. The reply is exchange.declare-ok.
@@ -1399,7 +1431,7 @@ func (m *ExchangeDeclare) String() string {
 	return fmt.Sprintf("exchange.declare{exchange=%q type=%q passive=%t durable=%t auto-delete=%t internal=%t no-wait=%t arguments=%v}", m.Exchange, m.Type, m.Passive, m.Durable, m.AutoDelete, m.Internal, m.NoWait, m.Arguments)
 }
 
-func (m *ExchangeDeclare) encodeArgs(e *encoder) {
+func (m *ExchangeDeclare) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Exchange)
 	e.shortstr(m.Type)
@@ -1421,9 +1453,10 @@ func (m *ExchangeDeclare) encodeArgs(e *encoder) {
 	}
 	e.octet(bits3)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *ExchangeDeclare) decodeArgs(d *decoder) {
+func (m *ExchangeDeclare) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Exchange = d.shortstr()
 	m.Type = d.shortstr()
@@ -1434,6 +1467,7 @@ func (m *ExchangeDeclare) decodeArgs(d *decoder) {
 	m.Internal = bits3&(1<<3) != 0
 	m.NoWait = bits3&(1<<4) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // ExchangeDeclareOk is exchange.declare-ok (class 40, method 11).
@@ -1459,9 +1493,9 @@ func (*ExchangeDeclareOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ExchangeDeclareOk) String() string { return "exchange.declare-ok{}" }
 
-func (*ExchangeDeclareOk) encodeArgs(*encoder) {}
+func (*ExchangeDeclareOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ExchangeDeclareOk) decodeArgs(*decoder) {}
+func (*ExchangeDeclareOk) decodeArgs(d decoder) decoder { return d }
 
 // ExchangeDelete is exchange.delete (class 40, method 20).
 // It is synchronous, sent by the client. The reply is exchange.delete-ok.
@@ -1491,7 +1525,7 @@ func (m *ExchangeDelete) String() string {
 	return fmt.Sprintf("exchange.delete{exchange=%q if-unused=%t no-wait=%t}", m.Exchange, m.IfUnused, m.NoWait)
 }
 
-func (m *ExchangeDelete) encodeArgs(e *encoder) {
+func (m *ExchangeDelete) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Exchange)
 	var bits2 uint8
@@ -1502,14 +1536,16 @@ func (m *ExchangeDelete) encodeArgs(e *encoder) {
 		bits2 |= 1 << 1
 	}
 	e.octet(bits2)
+	return e
 }
 
-func (m *ExchangeDelete) decodeArgs(d *decoder) {
+func (m *ExchangeDelete) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Exchange = d.shortstr()
 	bits2 := d.octet()
 	m.IfUnused = bits2&(1<<0) != 0
 	m.NoWait = bits2&(1<<1) != 0
+	return d
 }
 
 // ExchangeDeleteOk is exchange.delete-ok (class 40, method 21).
@@ -1535,9 +1571,9 @@ func (*ExchangeDeleteOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ExchangeDeleteOk) String() string { return "exchange.delete-ok{}" }
 
-func (*ExchangeDeleteOk) encodeArgs(*encoder) {}
+func (*ExchangeDeleteOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ExchangeDeleteOk) decodeArgs(*decoder) {}
+func (*ExchangeDeleteOk) decodeArgs(d decoder) decoder { return d }
 
 // ExchangeBind is exchange.bind (class 40, method 30).
 // It is synchronous, sent by the client. The reply is exchange.bind-ok.
@@ -1569,7 +1605,7 @@ func (m *ExchangeBind) String() string {
 	return fmt.Sprintf("exchange.bind{destination=%q source=%q routing-key=%q no-wait=%t arguments=%v}", m.Destination, m.Source, m.RoutingKey, m.NoWait, m.Arguments)
 }
 
-func (m *ExchangeBind) encodeArgs(e *encoder) {
+func (m *ExchangeBind) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Destination)
 	e.shortstr(m.Source)
@@ -1580,9 +1616,10 @@ func (m *ExchangeBind) encodeArgs(e *encoder) {
 	}
 	e.octet(bits4)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *ExchangeBind) decodeArgs(d *decoder) {
+func (m *ExchangeBind) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Destination = d.shortstr()
 	m.Source = d.shortstr()
@@ -1590,6 +1627,7 @@ func (m *ExchangeBind) decodeArgs(d *decoder) {
 	bits4 := d.octet()
 	m.NoWait = bits4&(1<<0) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // ExchangeBindOk is exchange.bind-ok (class 40, method 31).
@@ -1615,9 +1653,9 @@ func (*ExchangeBindOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ExchangeBindOk) String() string { return "exchange.bind-ok{}" }
 
-func (*ExchangeBindOk) encodeArgs(*encoder) {}
+func (*ExchangeBindOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ExchangeBindOk) decodeArgs(*decoder) {}
+func (*ExchangeBindOk) decodeArgs(d decoder) decoder { return d }
 
 // ExchangeUnbind is exchange.unbind (class 40, method 40).
 // It is synchronous, sent by the client. The reply is exchange.unbind-ok.
@@ -1649,7 +1687,7 @@ func (m *ExchangeUnbind) String() string {
 	return fmt.Sprintf("exchange.unbind{destination=%q source=%q routing-key=%q no-wait=%t arguments=%v}", m.Destination, m.Source, m.RoutingKey, m.NoWait, m.Arguments)
 }
 
-func (m *ExchangeUnbind) encodeArgs(e *encoder) {
+func (m *ExchangeUnbind) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Destination)
 	e.shortstr(m.Source)
@@ -1660,9 +1698,10 @@ func (m *ExchangeUnbind) encodeArgs(e *encoder) {
 	}
 	e.octet(bits4)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *ExchangeUnbind) decodeArgs(d *decoder) {
+func (m *ExchangeUnbind) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Destination = d.shortstr()
 	m.Source = d.shortstr()
@@ -1670,6 +1709,7 @@ func (m *ExchangeUnbind) decodeArgs(d *decoder) {
 	bits4 := d.octet()
 	m.NoWait = bits4&(1<<0) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // ExchangeUnbindOk is exchange.unbind-ok (class 40, method 51).
@@ -1695,9 +1735,9 @@ func (*ExchangeUnbindOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ExchangeUnbindOk) String() string { return "exchange.unbind-ok{}" }
 
-func (*ExchangeUnbindOk) encodeArgs(*encoder) {}
+func (*ExchangeUnbindOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ExchangeUnbindOk) decodeArgs(*decoder) {}
+func (*ExchangeUnbindOk) decodeArgs(d decoder) decoder { return d }
 
 // QueueDeclare is queue.declare (class 50, method 10).
 // It is synchronous, sent by the client. The reply is queue.declare-ok.
@@ -1731,7 +1771,7 @@ func (m *QueueDeclare) String() string {
 	return fmt.Sprintf("queue.declare{queue=%q passive=%t durable=%t exclusive=%t auto-delete=%t no-wait=%t arguments=%v}", m.Queue, m.Passive, m.Durable, m.Exclusive, m.AutoDelete, m.NoWait, m.Arguments)
 }
 
-func (m *QueueDeclare) encodeArgs(e *encoder) {
+func (m *QueueDeclare) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	var bits2 uint8
@@ -1752,9 +1792,10 @@ func (m *QueueDeclare) encodeArgs(e *encoder) {
 	}
 	e.octet(bits2)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *QueueDeclare) decodeArgs(d *decoder) {
+func (m *QueueDeclare) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	bits2 := d.octet()
@@ -1764,6 +1805,7 @@ func (m *QueueDeclare) decodeArgs(d *decoder) {
 	m.AutoDelete = bits2&(1<<3) != 0
 	m.NoWait = bits2&(1<<4) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // QueueDeclareOk is queue.declare-ok (class 50, method 11).
@@ -1794,16 +1836,18 @@ func (m *QueueDeclareOk) String() string {
 	return fmt.Sprintf("queue.declare-ok{queue=%q message-count=%d consumer-count=%d}", m.Queue, m.MessageCount, m.ConsumerCount)
 }
 
-func (m *QueueDeclareOk) encodeArgs(e *encoder) {
+func (m *QueueDeclareOk) encodeArgs(e encoder) encoder {
 	e.shortstr(m.Queue)
 	e.long(m.MessageCount)
 	e.long(m.ConsumerCount)
+	return e
 }
 
-func (m *QueueDeclareOk) decodeArgs(d *decoder) {
+func (m *QueueDeclareOk) decodeArgs(d decoder) decoder {
 	m.Queue = d.shortstr()
 	m.MessageCount = d.long()
 	m.ConsumerCount = d.long()
+	return d
 }
 
 // QueueBind is queue.bind (class 50, method 20).
@@ -1836,7 +1880,7 @@ func (m *QueueBind) String() string {
 	return fmt.Sprintf("queue.bind{queue=%q exchange=%q routing-key=%q no-wait=%t arguments=%v}", m.Queue, m.Exchange, m.RoutingKey, m.NoWait, m.Arguments)
 }
 
-func (m *QueueBind) encodeArgs(e *encoder) {
+func (m *QueueBind) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	e.shortstr(m.Exchange)
@@ -1847,9 +1891,10 @@ func (m *QueueBind) encodeArgs(e *encoder) {
 	}
 	e.octet(bits4)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *QueueBind) decodeArgs(d *decoder) {
+func (m *QueueBind) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	m.Exchange = d.shortstr()
@@ -1857,6 +1902,7 @@ func (m *QueueBind) decodeArgs(d *decoder) {
 	bits4 := d.octet()
 	m.NoWait = bits4&(1<<0) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // QueueBindOk is queue.bind-ok (class 50, method 21).
@@ -1882,9 +1928,9 @@ func (*QueueBindOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*QueueBindOk) String() string { return "queue.bind-ok{}" }
 
-func (*QueueBindOk) encodeArgs(*encoder) {}
+func (*QueueBindOk) encodeArgs(e encoder) encoder { return e }
 
-func (*QueueBindOk) decodeArgs(*decoder) {}
+func (*QueueBindOk) decodeArgs(d decoder) decoder { return d }
 
 // QueueUnbind is queue.unbind (class 50, method 50).
 // It is synchronous, sent by the client. The reply is queue.unbind-ok.
@@ -1915,20 +1961,22 @@ func (m *QueueUnbind) String() string {
 	return fmt.Sprintf("queue.unbind{queue=%q exchange=%q routing-key=%q arguments=%v}", m.Queue, m.Exchange, m.RoutingKey, m.Arguments)
 }
 
-func (m *QueueUnbind) encodeArgs(e *encoder) {
+func (m *QueueUnbind) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	e.shortstr(m.Exchange)
 	e.shortstr(m.RoutingKey)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *QueueUnbind) decodeArgs(d *decoder) {
+func (m *QueueUnbind) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	m.Exchange = d.shortstr()
 	m.RoutingKey = d.shortstr()
 	m.Arguments = d.table()
+	return d
 }
 
 // QueueUnbindOk is queue.unbind-ok (class 50, method 51).
@@ -1954,9 +2002,9 @@ func (*QueueUnbindOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*QueueUnbindOk) String() string { return "queue.unbind-ok{}" }
 
-func (*QueueUnbindOk) encodeArgs(*encoder) {}
+func (*QueueUnbindOk) encodeArgs(e encoder) encoder { return e }
 
-func (*QueueUnbindOk) decodeArgs(*decoder) {}
+func (*QueueUnbindOk) decodeArgs(d decoder) decoder { return d }
 
 // QueuePurge is queue.purge (class 50, method 30).
 // It is synchronous, sent by the client. The reply is queue.purge-ok.
@@ -1985,7 +2033,7 @@ func (m *QueuePurge) String() string {
 	return fmt.Sprintf("queue.purge{queue=%q no-wait=%t}", m.Queue, m.NoWait)
 }
 
-func (m *QueuePurge) encodeArgs(e *encoder) {
+func (m *QueuePurge) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	var bits2 uint8
@@ -1993,13 +2041,15 @@ func (m *QueuePurge) encodeArgs(e *encoder) {
 		bits2 |= 1 << 0
 	}
 	e.octet(bits2)
+	return e
 }
 
-func (m *QueuePurge) decodeArgs(d *decoder) {
+func (m *QueuePurge) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	bits2 := d.octet()
 	m.NoWait = bits2&(1<<0) != 0
+	return d
 }
 
 // QueuePurgeOk is queue.purge-ok (class 50, method 31).
@@ -2028,12 +2078,14 @@ func (m *QueuePurgeOk) String() string {
 	return fmt.Sprintf("queue.purge-ok{message-count=%d}", m.MessageCount)
 }
 
-func (m *QueuePurgeOk) encodeArgs(e *encoder) {
+func (m *QueuePurgeOk) encodeArgs(e encoder) encoder {
 	e.long(m.MessageCount)
+	return e
 }
 
-func (m *QueuePurgeOk) decodeArgs(d *decoder) {
+func (m *QueuePurgeOk) decodeArgs(d decoder) decoder {
 	m.MessageCount = d.long()
+	return d
 }
 
 // QueueDelete is queue.delete (class 50, method 40).
@@ -2065,7 +2117,7 @@ func (m *QueueDelete) String() string {
 	return fmt.Sprintf("queue.delete{queue=%q if-unused=%t if-empty=%t no-wait=%t}", m.Queue, m.IfUnused, m.IfEmpty, m.NoWait)
 }
 
-func (m *QueueDelete) encodeArgs(e *encoder) {
+func (m *QueueDelete) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	var bits2 uint8
@@ -2079,15 +2131,17 @@ func (m *QueueDelete) encodeArgs(e *encoder) {
 		bits2 |= 1 << 2
 	}
 	e.octet(bits2)
+	return e
 }
 
-func (m *QueueDelete) decodeArgs(d *decoder) {
+func (m *QueueDelete) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	bits2 := d.octet()
 	m.IfUnused = bits2&(1<<0) != 0
 	m.IfEmpty = bits2&(1<<1) != 0
 	m.NoWait = bits2&(1<<2) != 0
+	return d
 }
 
 // QueueDeleteOk is queue.delete-ok (class 50, method 41).
@@ -2116,12 +2170,14 @@ func (m *QueueDeleteOk) String() string {
 	return fmt.Sprintf("queue.delete-ok{message-count=%d}", m.MessageCount)
 }
 
-func (m *QueueDeleteOk) encodeArgs(e *encoder) {
+func (m *QueueDeleteOk) encodeArgs(e encoder) encoder {
 	e.long(m.MessageCount)
+	return e
 }
 
-func (m *QueueDeleteOk) decodeArgs(d *decoder) {
+func (m *QueueDeleteOk) decodeArgs(d decoder) decoder {
 	m.MessageCount = d.long()
+	return d
 }
 
 // BasicQos is basic.qos (class 60, method 10).
@@ -2152,7 +2208,7 @@ func (m *BasicQos) String() string {
 	return fmt.Sprintf("basic.qos{prefetch-size=%d prefetch-count=%d global=%t}", m.PrefetchSize, m.PrefetchCount, m.Global)
 }
 
-func (m *BasicQos) encodeArgs(e *encoder) {
+func (m *BasicQos) encodeArgs(e encoder) encoder {
 	e.long(m.PrefetchSize)
 	e.short(m.PrefetchCount)
 	var bits2 uint8
@@ -2160,13 +2216,15 @@ func (m *BasicQos) encodeArgs(e *encoder) {
 		bits2 |= 1 << 0
 	}
 	e.octet(bits2)
+	return e
 }
 
-func (m *BasicQos) decodeArgs(d *decoder) {
+func (m *BasicQos) decodeArgs(d decoder) decoder {
 	m.PrefetchSize = d.long()
 	m.PrefetchCount = d.short()
 	bits2 := d.octet()
 	m.Global = bits2&(1<<0) != 0
+	return d
 }
 
 // BasicQosOk is basic.qos-ok (class 60, method 11).
@@ -2192,9 +2250,9 @@ func (*BasicQosOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*BasicQosOk) String() string { return "basic.qos-ok{}" }
 
-func (*BasicQosOk) encodeArgs(*encoder) {}
+func (*BasicQosOk) encodeArgs(e encoder) encoder { return e }
 
-func (*BasicQosOk) decodeArgs(*decoder) {}
+func (*BasicQosOk) decodeArgs(d decoder) decoder { return d }
 
 // BasicConsume is basic.consume (class 60, method 20).
 // It is synchronous, sent by the client. The reply is basic.consume-ok.
@@ -2228,7 +2286,7 @@ func (m *BasicConsume) String() string {
 	return fmt.Sprintf("basic.consume{queue=%q consumer-tag=%q no-local=%t no-ack=%t exclusive=%t no-wait=%t arguments=%v}", m.Queue, m.ConsumerTag, m.NoLocal, m.NoAck, m.Exclusive, m.NoWait, m.Arguments)
 }
 
-func (m *BasicConsume) encodeArgs(e *encoder) {
+func (m *BasicConsume) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	e.shortstr(m.ConsumerTag)
@@ -2247,9 +2305,10 @@ func (m *BasicConsume) encodeArgs(e *encoder) {
 	}
 	e.octet(bits3)
 	e.table(m.Arguments)
+	return e
 }
 
-func (m *BasicConsume) decodeArgs(d *decoder) {
+func (m *BasicConsume) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	m.ConsumerTag = d.shortstr()
@@ -2259,6 +2318,7 @@ func (m *BasicConsume) decodeArgs(d *decoder) {
 	m.Exclusive = bits3&(1<<2) != 0
 	m.NoWait = bits3&(1<<3) != 0
 	m.Arguments = d.table()
+	return d
 }
 
 // BasicConsumeOk is basic.consume-ok (class 60, method 21).
@@ -2287,12 +2347,14 @@ func (m *BasicConsumeOk) String() string {
 	return fmt.Sprintf("basic.consume-ok{consumer-tag=%q}", m.ConsumerTag)
 }
 
-func (m *BasicConsumeOk) encodeArgs(e *encoder) {
+func (m *BasicConsumeOk) encodeArgs(e encoder) encoder {
 	e.shortstr(m.ConsumerTag)
+	return e
 }
 
-func (m *BasicConsumeOk) decodeArgs(d *decoder) {
+func (m *BasicConsumeOk) decodeArgs(d decoder) decoder {
 	m.ConsumerTag = d.shortstr()
+	return d
 }
 
 // BasicCancel is basic.cancel (class 60, method 30).
@@ -2322,19 +2384,21 @@ func (m *BasicCancel) String() string {
 	return fmt.Sprintf("basic.cancel{consumer-tag=%q no-wait=%t}", m.ConsumerTag, m.NoWait)
 }
 
-func (m *BasicCancel) encodeArgs(e *encoder) {
+func (m *BasicCancel) encodeArgs(e encoder) encoder {
 	e.shortstr(m.ConsumerTag)
 	var bits1 uint8
 	if m.NoWait {
 		bits1 |= 1 << 0
 	}
 	e.octet(bits1)
+	return e
 }
 
-func (m *BasicCancel) decodeArgs(d *decoder) {
+func (m *BasicCancel) decodeArgs(d decoder) decoder {
 	m.ConsumerTag = d.shortstr()
 	bits1 := d.octet()
 	m.NoWait = bits1&(1<<0) != 0
+	return d
 }
 
 // BasicCancelOk is basic.cancel-ok (class 60, method 31).
@@ -2363,12 +2427,14 @@ func (m *BasicCancelOk) String() string {
 	return fmt.Sprintf("basic.cancel-ok{consumer-tag=%q}", m.ConsumerTag)
 }
 
-func (m *BasicCancelOk) encodeArgs(e *encoder) {
+func (m *BasicCancelOk) encodeArgs(e encoder) encoder {
 	e.shortstr(m.ConsumerTag)
+	return e
 }
 
-func (m *BasicCancelOk) decodeArgs(d *decoder) {
+func (m *BasicCancelOk) decodeArgs(d decoder) decoder {
 	m.ConsumerTag = d.shortstr()
+	return d
 }
 
 // BasicPublish is basic.publish (class 60, method 40).
@@ -2400,7 +2466,7 @@ func (m *BasicPublish) String() string {
 	return fmt.Sprintf("basic.publish{exchange=%q routing-key=%q mandatory=%t immediate=%t}", m.Exchange, m.RoutingKey, m.Mandatory, m.Immediate)
 }
 
-func (m *BasicPublish) encodeArgs(e *encoder) {
+func (m *BasicPublish) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Exchange)
 	e.shortstr(m.RoutingKey)
@@ -2412,15 +2478,17 @@ func (m *BasicPublish) encodeArgs(e *encoder) {
 		bits3 |= 1 << 1
 	}
 	e.octet(bits3)
+	return e
 }
 
-func (m *BasicPublish) decodeArgs(d *decoder) {
+func (m *BasicPublish) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Exchange = d.shortstr()
 	m.RoutingKey = d.shortstr()
 	bits3 := d.octet()
 	m.Mandatory = bits3&(1<<0) != 0
 	m.Immediate = bits3&(1<<1) != 0
+	return d
 }
 
 // BasicReturn is basic.return (class 60, method 50).
@@ -2452,18 +2520,20 @@ func (m *BasicReturn) String() string {
 	return fmt.Sprintf("basic.return{reply-code=%d reply-text=%q exchange=%q routing-key=%q}", m.ReplyCode, m.ReplyText, m.Exchange, m.RoutingKey)
 }
 
-func (m *BasicReturn) encodeArgs(e *encoder) {
+func (m *BasicReturn) encodeArgs(e encoder) encoder {
 	e.short(m.ReplyCode)
 	e.shortstr(m.ReplyText)
 	e.shortstr(m.Exchange)
 	e.shortstr(m.RoutingKey)
+	return e
 }
 
-func (m *BasicReturn) decodeArgs(d *decoder) {
+func (m *BasicReturn) decodeArgs(d decoder) decoder {
 	m.ReplyCode = d.short()
 	m.ReplyText = d.shortstr()
 	m.Exchange = d.shortstr()
 	m.RoutingKey = d.shortstr()
+	return d
 }
 
 // BasicDeliver is basic.deliver (class 60, method 60).
@@ -2496,7 +2566,7 @@ func (m *BasicDeliver) String() string {
 	return fmt.Sprintf("basic.deliver{consumer-tag=%q delivery-tag=%d redelivered=%t exchange=%q routing-key=%q}", m.ConsumerTag, m.DeliveryTag, m.Redelivered, m.Exchange, m.RoutingKey)
 }
 
-func (m *BasicDeliver) encodeArgs(e *encoder) {
+func (m *BasicDeliver) encodeArgs(e encoder) encoder {
 	e.shortstr(m.ConsumerTag)
 	e.longlong(m.DeliveryTag)
 	var bits2 uint8
@@ -2506,15 +2576,17 @@ func (m *BasicDeliver) encodeArgs(e *encoder) {
 	e.octet(bits2)
 	e.shortstr(m.Exchange)
 	e.shortstr(m.RoutingKey)
+	return e
 }
 
-func (m *BasicDeliver) decodeArgs(d *decoder) {
+func (m *BasicDeliver) decodeArgs(d decoder) decoder {
 	m.ConsumerTag = d.shortstr()
 	m.DeliveryTag = d.longlong()
 	bits2 := d.octet()
 	m.Redelivered = bits2&(1<<0) != 0
 	m.Exchange = d.shortstr()
 	m.RoutingKey = d.shortstr()
+	return d
 }
 
 // BasicGet is basic.get (class 60, method 70).
@@ -2544,7 +2616,7 @@ func (m *BasicGet) String() string {
 	return fmt.Sprintf("basic.get{queue=%q no-ack=%t}", m.Queue, m.NoAck)
 }
 
-func (m *BasicGet) encodeArgs(e *encoder) {
+func (m *BasicGet) encodeArgs(e encoder) encoder {
 	e.short(0)
 	e.shortstr(m.Queue)
 	var bits2 uint8
@@ -2552,13 +2624,15 @@ func (m *BasicGet) encodeArgs(e *encoder) {
 		bits2 |= 1 << 0
 	}
 	e.octet(bits2)
+	return e
 }
 
-func (m *BasicGet) decodeArgs(d *decoder) {
+func (m *BasicGet) decodeArgs(d decoder) decoder {
 	d.skipShort()
 	m.Queue = d.shortstr()
 	bits2 := d.octet()
 	m.NoAck = bits2&(1<<0) != 0
+	return d
 }
 
 // BasicGetOk is basic.get-ok (class 60, method 71).
@@ -2591,7 +2665,7 @@ func (m *BasicGetOk) String() string {
 	return fmt.Sprintf("basic.get-ok{delivery-tag=%d redelivered=%t exchange=%q routing-key=%q message-count=%d}", m.DeliveryTag, m.Redelivered, m.Exchange, m.RoutingKey, m.MessageCount)
 }
 
-func (m *BasicGetOk) encodeArgs(e *encoder) {
+func (m *BasicGetOk) encodeArgs(e encoder) encoder {
 	e.longlong(m.DeliveryTag)
 	var bits1 uint8
 	if m.Redelivered {
@@ -2601,15 +2675,17 @@ func (m *BasicGetOk) encodeArgs(e *encoder) {
 	e.shortstr(m.Exchange)
 	e.shortstr(m.RoutingKey)
 	e.long(m.MessageCount)
+	return e
 }
 
-func (m *BasicGetOk) decodeArgs(d *decoder) {
+func (m *BasicGetOk) decodeArgs(d decoder) decoder {
 	m.DeliveryTag = d.longlong()
 	bits1 := d.octet()
 	m.Redelivered = bits1&(1<<0) != 0
 	m.Exchange = d.shortstr()
 	m.RoutingKey = d.shortstr()
 	m.MessageCount = d.long()
+	return d
 }
 
 // BasicGetEmpty is basic.get-empty (class 60, method 72).
@@ -2635,12 +2711,14 @@ func (*BasicGetEmpty) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*BasicGetEmpty) String() string { return "basic.get-empty{}" }
 
-func (*BasicGetEmpty) encodeArgs(e *encoder) {
+func (*BasicGetEmpty) encodeArgs(e encoder) encoder {
 	e.shortstr("")
+	return e
 }
 
-func (*BasicGetEmpty) decodeArgs(d *decoder) {
+func (*BasicGetEmpty) decodeArgs(d decoder) decoder {
 	d.skipShortstr()
+	return d
 }
 
 // BasicAck is basic.ack (class 60, method 80).
@@ -2670,19 +2748,21 @@ func (m *BasicAck) String() string {
 	return fmt.Sprintf("basic.ack{delivery-tag=%d multiple=%t}", m.DeliveryTag, m.Multiple)
 }
 
-func (m *BasicAck) encodeArgs(e *encoder) {
+func (m *BasicAck) encodeArgs(e encoder) encoder {
 	e.longlong(m.DeliveryTag)
 	var bits1 uint8
 	if m.Multiple {
 		bits1 |= 1 << 0
 	}
 	e.octet(bits1)
+	return e
 }
 
-func (m *BasicAck) decodeArgs(d *decoder) {
+func (m *BasicAck) decodeArgs(d decoder) decoder {
 	m.DeliveryTag = d.longlong()
 	bits1 := d.octet()
 	m.Multiple = bits1&(1<<0) != 0
+	return d
 }
 
 // BasicReject is basic.reject (class 60, method 90).
@@ -2712,19 +2792,21 @@ func (m *BasicReject) String() string {
 	return fmt.Sprintf("basic.reject{delivery-tag=%d requeue=%t}", m.DeliveryTag, m.Requeue)
 }
 
-func (m *BasicReject) encodeArgs(e *encoder) {
+func (m *BasicReject) encodeArgs(e encoder) encoder {
 	e.longlong(m.DeliveryTag)
 	var bits1 uint8
 	if m.Requeue {
 		bits1 |= 1 << 0
 	}
 	e.octet(bits1)
+	return e
 }
 
-func (m *BasicReject) decodeArgs(d *decoder) {
+func (m *BasicReject) decodeArgs(d decoder) decoder {
 	m.DeliveryTag = d.longlong()
 	bits1 := d.octet()
 	m.Requeue = bits1&(1<<0) != 0
+	return d
 }
 
 // BasicRecoverAsync is basic.recover-async (class 60, method 100).
@@ -2753,17 +2835,19 @@ func (m *BasicRecoverAsync) String() string {
 	return fmt.Sprintf("basic.recover-async{requeue=%t}", m.Requeue)
 }
 
-func (m *BasicRecoverAsync) encodeArgs(e *encoder) {
+func (m *BasicRecoverAsync) encodeArgs(e encoder) encoder {
 	var bits0 uint8
 	if m.Requeue {
 		bits0 |= 1 << 0
 	}
 	e.octet(bits0)
+	return e
 }
 
-func (m *BasicRecoverAsync) decodeArgs(d *decoder) {
+func (m *BasicRecoverAsync) decodeArgs(d decoder) decoder {
 	bits0 := d.octet()
 	m.Requeue = bits0&(1<<0) != 0
+	return d
 }
 
 // BasicRecover is basic.recover (class 60, method 110).
@@ -2792,17 +2876,19 @@ func (m *BasicRecover) String() string {
 	return fmt.Sprintf("basic.recover{requeue=%t}", m.Requeue)
 }
 
-func (m *BasicRecover) encodeArgs(e *encoder) {
+func (m *BasicRecover) encodeArgs(e encoder) encoder {
 	var bits0 uint8
 	if m.Requeue {
 		bits0 |= 1 << 0
 	}
 	e.octet(bits0)
+	return e
 }
 
-func (m *BasicRecover) decodeArgs(d *decoder) {
+func (m *BasicRecover) decodeArgs(d decoder) decoder {
 	bits0 := d.octet()
 	m.Requeue = bits0&(1<<0) != 0
+	return d
 }
 
 // BasicRecoverOk is basic.recover-ok (class 60, method 111).
@@ -2828,9 +2914,9 @@ func (*BasicRecoverOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*BasicRecoverOk) String() string { return "basic.recover-ok{}" }
 
-func (*BasicRecoverOk) encodeArgs(*encoder) {}
+func (*BasicRecoverOk) encodeArgs(e encoder) encoder { return e }
 
-func (*BasicRecoverOk) decodeArgs(*decoder) {}
+func (*BasicRecoverOk) decodeArgs(d decoder) decoder { return d }
 
 // BasicNack is basic.nack (class 60, method 120).
 // It is asynchronous, sent by either peer.
@@ -2860,7 +2946,7 @@ func (m *BasicNack) String() string {
 	return fmt.Sprintf("basic.nack{delivery-tag=%d multiple=%t requeue=%t}", m.DeliveryTag, m.Multiple, m.Requeue)
 }
 
-func (m *BasicNack) encodeArgs(e *encoder) {
+func (m *BasicNack) encodeArgs(e encoder) encoder {
 	e.longlong(m.DeliveryTag)
 	var bits1 uint8
 	if m.Multiple {
@@ -2870,13 +2956,15 @@ func (m *BasicNack) encodeArgs(e *encoder) {
 		bits1 |= 1 << 1
 	}
 	e.octet(bits1)
+	return e
 }
 
-func (m *BasicNack) decodeArgs(d *decoder) {
+func (m *BasicNack) decodeArgs(d decoder) decoder {
 	m.DeliveryTag = d.longlong()
 	bits1 := d.octet()
 	m.Multiple = bits1&(1<<0) != 0
 	m.Requeue = bits1&(1<<1) != 0
+	return d
 }
 
 // TxSelect is tx.select (class 90, method 10).
@@ -2902,9 +2990,9 @@ func (*TxSelect) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxSelect) String() string { return "tx.select{}" }
 
-func (*TxSelect) encodeArgs(*encoder) {}
+func (*TxSelect) encodeArgs(e encoder) encoder { return e }
 
-func (*TxSelect) decodeArgs(*decoder) {}
+func (*TxSelect) decodeArgs(d decoder) decoder { return d }
 
 // TxSelectOk is tx.select-ok (class 90, method 11).
 // It is synchronous, sent by the server.
@@ -2929,9 +3017,9 @@ func (*TxSelectOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxSelectOk) String() string { return "tx.select-ok{}" }
 
-func (*TxSelectOk) encodeArgs(*encoder) {}
+func (*TxSelectOk) encodeArgs(e encoder) encoder { return e }
 
-func (*TxSelectOk) decodeArgs(*decoder) {}
+func (*TxSelectOk) decodeArgs(d decoder) decoder { return d }
 
 // TxCommit is tx.commit (class 90, method 20).
 // It is synchronous, sent by the client. The reply is tx.commit-ok.
@@ -2956,9 +3044,9 @@ func (*TxCommit) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxCommit) String() string { return "tx.commit{}" }
 
-func (*TxCommit) encodeArgs(*encoder) {}
+func (*TxCommit) encodeArgs(e encoder) encoder { return e }
 
-func (*TxCommit) decodeArgs(*decoder) {}
+func (*TxCommit) decodeArgs(d decoder) decoder { return d }
 
 // TxCommitOk is tx.commit-ok (class 90, method 21).
 // It is synchronous, sent by the server.
@@ -2983,9 +3071,9 @@ func (*TxCommitOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxCommitOk) String() string { return "tx.commit-ok{}" }
 
-func (*TxCommitOk) encodeArgs(*encoder) {}
+func (*TxCommitOk) encodeArgs(e encoder) encoder { return e }
 
-func (*TxCommitOk) decodeArgs(*decoder) {}
+func (*TxCommitOk) decodeArgs(d decoder) decoder { return d }
 
 // TxRollback is tx.rollback (class 90, method 30).
 // It is synchronous, sent by the client. The reply is tx.rollback-ok.
@@ -3010,9 +3098,9 @@ func (*TxRollback) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxRollback) String() string { return "tx.rollback{}" }
 
-func (*TxRollback) encodeArgs(*encoder) {}
+func (*TxRollback) encodeArgs(e encoder) encoder { return e }
 
-func (*TxRollback) decodeArgs(*decoder) {}
+func (*TxRollback) decodeArgs(d decoder) decoder { return d }
 
 // TxRollbackOk is tx.rollback-ok (class 90, method 31).
 // It is synchronous, sent by the server.
@@ -3037,9 +3125,9 @@ func (*TxRollbackOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*TxRollbackOk) String() string { return "tx.rollback-ok{}" }
 
-func (*TxRollbackOk) encodeArgs(*encoder) {}
+func (*TxRollbackOk) encodeArgs(e encoder) encoder { return e }
 
-func (*TxRollbackOk) decodeArgs(*decoder) {}
+func (*TxRollbackOk) decodeArgs(d decoder) decoder { return d }
 
 // ConfirmSelect is confirm.select (class 85, method 10).
 // It is synchronous, sent by the client. The reply is confirm.select-ok.
@@ -3067,17 +3155,19 @@ func (m *ConfirmSelect) String() string {
 	return fmt.Sprintf("confirm.select{nowait=%t}", m.NoWait)
 }
 
-func (m *ConfirmSelect) encodeArgs(e *encoder) {
+func (m *ConfirmSelect) encodeArgs(e encoder) encoder {
 	var bits0 uint8
 	if m.NoWait {
 		bits0 |= 1 << 0
 	}
 	e.octet(bits0)
+	return e
 }
 
-func (m *ConfirmSelect) decodeArgs(d *decoder) {
+func (m *ConfirmSelect) decodeArgs(d decoder) decoder {
 	bits0 := d.octet()
 	m.NoWait = bits0&(1<<0) != 0
+	return d
 }
 
 // ConfirmSelectOk is confirm.select-ok (class 85, method 11).
@@ -3103,6 +3193,6 @@ func (*ConfirmSelectOk) Sync() bool { return true }
 // String describes the method for logs; secrets are redacted.
 func (*ConfirmSelectOk) String() string { return "confirm.select-ok{}" }
 
-func (*ConfirmSelectOk) encodeArgs(*encoder) {}
+func (*ConfirmSelectOk) encodeArgs(e encoder) encoder { return e }
 
-func (*ConfirmSelectOk) decodeArgs(*decoder) {}
+func (*ConfirmSelectOk) decodeArgs(d decoder) decoder { return d }

@@ -76,7 +76,8 @@ func (e *encoder) tableMap(t map[string]any) {
 
 	at := len(e.buf)
 	e.long(0) // length, patched below
-	keys := make([]string, 0, len(t))
+	var small [16]string // typical header and argument tables fit without allocating
+	keys := small[:0]
 	for k := range t {
 		keys = append(keys, k)
 	}

@@ -711,9 +711,9 @@ func genMethod(g *gen, m *method) {
 		mv = recv
 	}
 	if len(m.fields) == 0 {
-		g.p("func (%s) encodeArgs(*encoder) {}", recv)
+		g.p("func (%s) encodeArgs(e encoder) encoder { return e }", recv)
 	} else {
-		g.p("func (%s) encodeArgs(e *encoder) {", mv)
+		g.p("func (%s) encodeArgs(e encoder) encoder {", mv)
 		for i, f := range m.fields {
 			if f.typ == "bit" {
 				gi := groupOf(start, i)
@@ -741,15 +741,16 @@ func genMethod(g *gen, m *method) {
 			}
 			g.p("e.%s(%s)", f.typ, val)
 		}
+		g.p("return e")
 		g.p("}")
 	}
 	g.p("")
 
 	// Decoder.
 	if len(m.fields) == 0 {
-		g.p("func (%s) decodeArgs(*decoder) {}", recv)
+		g.p("func (%s) decodeArgs(d decoder) decoder { return d }", recv)
 	} else {
-		g.p("func (%s) decodeArgs(d *decoder) {", mv)
+		g.p("func (%s) decodeArgs(d decoder) decoder {", mv)
 		for i, f := range m.fields {
 			if f.typ == "bit" {
 				gi := groupOf(start, i)
@@ -772,6 +773,7 @@ func genMethod(g *gen, m *method) {
 			}
 			g.p("m.%s = d.%s()", f.goName, f.typ)
 		}
+		g.p("return d")
 		g.p("}")
 	}
 	g.p("")

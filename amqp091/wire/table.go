@@ -75,7 +75,7 @@ func (e *encoder) tableMap(t map[string]any) {
 	defer func() { e.depth-- }()
 
 	at := len(e.buf)
-	e.long(0) // length, patched below
+	e.long(0)            // length, patched below
 	var small [16]string // typical header and argument tables fit without allocating
 	keys := small[:0]
 	for k := range t {

@@ -162,6 +162,8 @@ func TestParseErrors(t *testing.T) {
 		{`not attributes:a`, 0, "must be uppercase"},
 		{`attributes:iana.org/language_tag`, 11, "must be a string literal"},
 		{`attributes.a.b = "x"`, 11, "must be a string literal"},
+		{`attributes:みんな`, 11, "must be a string literal"},
+		{`attributes./x = "y"`, 11, "must be a string literal"},
 		{`attributes.domain > "x"`, 18, "expected = or !="},
 		{`attributes.domain == "x"`, 19, "expected a string literal value"},
 		{`data = "x"`, 0, `unknown identifier "data"`},

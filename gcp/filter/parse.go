@@ -351,15 +351,15 @@ func (p *parser) key() (string, error) {
 	for !p.eof() && isBareKeyByte(p.src[p.pos]) {
 		p.pos++
 	}
-	if p.pos == start {
-		return "", p.errorf("expected an attribute key, found %s", p.found())
-	}
 	// A bare key runs into something only a quoted key may hold.
 	if !p.eof() {
 		switch c := p.src[p.pos]; {
 		case c == '.' || c == '/' || c == '~' || c == '+' || c == '%' || c == '@' || c >= utf8.RuneSelf:
 			return "", p.errorAt(start, "a key with characters other than letters, digits, '-' and '_' must be a string literal, as in attributes.\"a.b\"")
 		}
+	}
+	if p.pos == start {
+		return "", p.errorf("expected an attribute key, found %s", p.found())
 	}
 	return p.src[start:p.pos], nil
 }

@@ -50,6 +50,9 @@ type Options struct {
 	// MaxMessageBytes is the largest gRPC message in either direction.
 	// Default 100 MiB, the server's default limit.
 	MaxMessageBytes int
+	// PublishStreams is how many SendEventsStream streams PublishEvents
+	// spreads batches over. Default 2.
+	PublishStreams int
 	// CloseTimeout bounds Close's wait for streams to wind down cleanly.
 	// Default 10s.
 	CloseTimeout time.Duration
@@ -83,6 +86,9 @@ func (o *Options) setDefaults() error {
 	def(&o.CloseTimeout, 10*time.Second)
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = o.MinBackoff
+	}
+	if o.PublishStreams <= 0 {
+		o.PublishStreams = 2
 	}
 	if o.MaxMessageBytes <= 0 {
 		o.MaxMessageBytes = 100 << 20

@@ -65,11 +65,43 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 	}
 }
 
-// eventPublisher owns the shared SendEventsStream. Callers append batches to
-// queue; one writer goroutine (the owner of gen) registers them and writes
-// them to the stream; each stream has a reader goroutine matching Results to
-// batches by EventID.
+// eventPublisher spreads batches over a few lanes, each one shared
+// SendEventsStream, so the server handles them in parallel. A batch stays on
+// one lane, so its events are sent in order.
 type eventPublisher struct {
+	lanes []*pubLane
+	next  atomic.Uint64
+}
+
+func newEventPublisher(c *Client) *eventPublisher {
+	p := &eventPublisher{lanes: make([]*pubLane, c.opts.PublishStreams)}
+	for i := range p.lanes {
+		p.lanes[i] = &pubLane{c: c, wake: make(chan struct{}, 1), outstanding: map[*pubBatch]struct{}{}}
+	}
+	return p
+}
+
+func (p *eventPublisher) enqueue(b *pubBatch) error {
+	return p.lanes[p.next.Add(1)%uint64(len(p.lanes))].enqueue(b)
+}
+
+func (p *eventPublisher) drain(ctx context.Context) {
+	for _, l := range p.lanes {
+		l.drain(ctx)
+	}
+}
+
+func (p *eventPublisher) close() {
+	for _, l := range p.lanes {
+		l.close()
+	}
+}
+
+// pubLane owns one SendEventsStream. Callers append batches to queue; one
+// writer goroutine (the owner of gen) registers them and writes them to the
+// stream; each stream has a reader goroutine matching Results to batches by
+// EventID.
+type pubLane struct {
 	c     *Client
 	start sync.Once
 	wake  chan struct{} // cap 1
@@ -87,7 +119,7 @@ type pubBatch struct {
 	results   []PublishResult // written by the stream goroutines, read after done
 	remaining atomic.Int64
 	done      chan struct{}
-	p         *eventPublisher
+	p         *pubLane
 }
 
 // settle records the outcome of event i; the last one completes the batch.
@@ -133,11 +165,7 @@ type pubGen struct {
 	dead    error
 }
 
-func newEventPublisher(c *Client) *eventPublisher {
-	return &eventPublisher{c: c, wake: make(chan struct{}, 1), outstanding: map[*pubBatch]struct{}{}}
-}
-
-func (p *eventPublisher) enqueue(b *pubBatch) error {
+func (p *pubLane) enqueue(b *pubBatch) error {
 	p.start.Do(func() { p.c.goTracked(p.writeLoop) })
 	b.p = p
 	p.mu.Lock()
@@ -157,7 +185,7 @@ func (p *eventPublisher) enqueue(b *pubBatch) error {
 
 // drain refuses new batches and waits until every outstanding one is
 // answered, or ctx ends; Client.Close calls it before ending the stream.
-func (p *eventPublisher) drain(ctx context.Context) {
+func (p *pubLane) drain(ctx context.Context) {
 	p.mu.Lock()
 	p.closed = true
 	waits := make([]chan struct{}, 0, len(p.outstanding))
@@ -175,7 +203,7 @@ func (p *eventPublisher) drain(ctx context.Context) {
 }
 
 // close fails queued batches; the writer calls it when the client ends.
-func (p *eventPublisher) close() {
+func (p *pubLane) close() {
 	p.mu.Lock()
 	p.closed = true
 	q := p.queue
@@ -186,7 +214,7 @@ func (p *eventPublisher) close() {
 	}
 }
 
-func (p *eventPublisher) writeLoop() {
+func (p *pubLane) writeLoop() {
 	defer func() {
 		if p.gen != nil {
 			p.gen.fail(closedErr("PublishEvents"))
@@ -209,7 +237,7 @@ func (p *eventPublisher) writeLoop() {
 	}
 }
 
-func (p *eventPublisher) write(q []*pubBatch) {
+func (p *pubLane) write(q []*pubBatch) {
 	g, err := p.current()
 	if err == nil && !g.register(q) {
 		// The stream died since the last write; nothing of q was sent, so
@@ -236,7 +264,7 @@ func (p *eventPublisher) write(q []*pubBatch) {
 }
 
 // current returns a live stream, opening one if needed.
-func (p *eventPublisher) current() (*pubGen, error) {
+func (p *pubLane) current() (*pubGen, error) {
 	if p.gen != nil && p.gen.deadErr() == nil {
 		return p.gen, nil
 	}
@@ -297,7 +325,7 @@ func (g *pubGen) fail(err error) {
 	g.cancel()
 }
 
-func (p *eventPublisher) read(g *pubGen) {
+func (p *pubLane) read(g *pubGen) {
 	defer close(g.done)
 	for {
 		r, err := g.stream.Recv()

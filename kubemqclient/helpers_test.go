@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
@@ -22,7 +23,11 @@ func dial(t testing.TB) *kc.Client {
 
 func dialAddr(t testing.TB, addr string) *kc.Client {
 	t.Helper()
-	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Logger: zaptest.NewLogger(t)})
+	log := zap.NewNop()
+	if _, bench := t.(*testing.B); !bench {
+		log = zaptest.NewLogger(t)
+	}
+	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

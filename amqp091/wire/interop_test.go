@@ -474,3 +474,13 @@ func serverErr(done <-chan error) error {
 		return errors.New("still running")
 	}
 }
+
+// amqp091-go's AMQPLAIN response is table entries without a length prefix;
+// DecodeTableFields reads it.
+func TestInteropAMQPlainResponse(t *testing.T) {
+	auth := &amqp.AMQPlainAuth{Username: "user", Password: "pa\x00ss"}
+	got, err := wire.DecodeTableFields([]byte(auth.Response()))
+	if err != nil || !reflect.DeepEqual(got, wire.Table{"LOGIN": "user", "PASSWORD": "pa\x00ss"}) {
+		t.Fatalf("got %#v, %v", got, err)
+	}
+}

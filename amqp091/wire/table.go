@@ -61,6 +61,21 @@ func DecodeTable(b []byte) (Table, error) {
 	return t, nil
 }
 
+// DecodeTableFields decodes field-table entries that fill b exactly, with no
+// length prefix. That is the form of the AMQPLAIN SASL response
+// (LOGIN and PASSWORD entries) in connection.start-ok. An empty b gives nil.
+func DecodeTableFields(b []byte) (Table, error) {
+	d := decoder{buf: b, depth: 1} // the entries are a table's body: depth 1
+	t := d.tableBody(len(b))
+	if d.err != nil {
+		return nil, fmt.Errorf("wire: field table entries: %w", d.err)
+	}
+	if len(t) == 0 {
+		return nil, nil
+	}
+	return t, nil
+}
+
 func (e *encoder) table(t Table) { e.tableMap(t) }
 
 func (e *encoder) tableMap(t map[string]any) {
@@ -222,24 +237,33 @@ func (d *decoder) tableValue() Table {
 	}
 	d.depth++
 	defer func() { d.depth-- }()
+	return d.tableBody(d.off + n)
+}
 
-	end := d.off + n
+// tableBody reads entries up to offset end, which the caller has checked
+// lies within buf. While it runs, buf is cut at end, so no entry can borrow
+// bytes from whatever follows the table.
+func (d *decoder) tableBody(end int) Table {
+	outer := d.limit(end)
+	defer func() { d.buf = outer }()
 	t := Table{}
 	for d.err == nil && d.off < end {
 		k := d.shortstr()
-		v := d.fieldValueBefore(end)
+		v := d.fieldValue()
 		if d.err != nil {
 			return nil
 		}
 		t[k] = v
 	}
-	if d.err == nil && d.off != end {
-		d.fail("field table overruns its declared length")
-	}
-	if d.err != nil {
-		return nil
-	}
 	return t
+}
+
+// limit cuts buf at end and returns the previous buf for the caller to
+// restore.
+func (d *decoder) limit(end int) []byte {
+	outer := d.buf
+	d.buf = d.buf[:end]
+	return outer
 }
 
 func (d *decoder) arrayValue() []any {
@@ -255,32 +279,17 @@ func (d *decoder) arrayValue() []any {
 	defer func() { d.depth-- }()
 
 	end := d.off + n
+	outer := d.limit(end)
+	defer func() { d.buf = outer }()
 	a := []any{}
 	for d.err == nil && d.off < end {
-		v := d.fieldValueBefore(end)
+		v := d.fieldValue()
 		if d.err != nil {
 			return nil
 		}
 		a = append(a, v)
 	}
-	if d.err == nil && d.off != end {
-		d.fail("field array overruns its declared length")
-	}
-	if d.err != nil {
-		return nil
-	}
 	return a
-}
-
-// fieldValueBefore reads one typed value that must end by offset end (the
-// enclosing table's declared end), so a value cannot borrow bytes from
-// whatever follows the table.
-func (d *decoder) fieldValueBefore(end int) any {
-	saved := d.buf
-	d.buf = d.buf[:end]
-	v := d.fieldValue()
-	d.buf = saved
-	return v
 }
 
 func (d *decoder) fieldValue() any {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +259,65 @@ func TestTableDecodeCopiesBytes(t *testing.T) {
 	if string(out["x"].([]byte)) != "abc" || out["s"] != "def" {
 		t.Fatalf("decoded values alias the input: %#v", out)
 	}
+}
+
+func TestDecodeTableFields(t *testing.T) {
+	// AMQPLAIN's response: LOGIN and PASSWORD entries without a length prefix.
+	entries := cat([]byte{5}, []byte("LOGIN"), []byte{'S'}, u32(5), []byte("guest"),
+		[]byte{8}, []byte("PASSWORD"), []byte{'S'}, u32(6), []byte("secret"))
+	got, err := DecodeTableFields(entries)
+	if err != nil || !reflect.DeepEqual(got, Table{"LOGIN": "guest", "PASSWORD": "secret"}) {
+		t.Fatalf("got %#v, %v", got, err)
+	}
+	if got, err := DecodeTableFields(nil); got != nil || err != nil {
+		t.Fatalf("empty: %#v, %v", got, err)
+	}
+	for _, bad := range [][]byte{entries[:len(entries)-1], {5, 'L'}, {1, 'k', 'Z'}} {
+		if _, err := DecodeTableFields(bad); err == nil {
+			t.Errorf("% x decoded", bad)
+		}
+	}
+}
+
+// Hostile length prefixes must not turn into allocations: decoding each of
+// these inputs allocates a few hundred bytes, not the gigabytes declared.
+func TestHostileLengthsAllocateLittle(t *testing.T) {
+	inputs := map[string]func() error{
+		"table length": func() error { _, err := DecodeTable(u32(0xFFFFFFFF)); return err },
+		"byte array": func() error {
+			_, err := DecodeTable(cat(u32(7), []byte{1, 'k', 'x', 0xFF, 0xFF, 0xFF, 0xF0}))
+			return err
+		},
+		"array": func() error {
+			_, err := DecodeTable(cat(u32(7), []byte{1, 'k', 'A', 0xFF, 0xFF, 0xFF, 0xF0}))
+			return err
+		},
+		"method longstr": func() error {
+			_, err := DecodeMethod(cat([]byte{0, 10, 0, 11}, u32(0xFFFFFFF0)))
+			return err
+		},
+		"header table": func() error {
+			_, err := DecodeContentHeader(cat([]byte{0, 60, 0, 0}, make([]byte, 8), []byte{0x20, 0}, u32(0xFFFFFFF0)))
+			return err
+		},
+	}
+	for name, decode := range inputs {
+		if err := decode(); err == nil {
+			t.Fatalf("%s: decoded", name)
+		}
+		if bytes := allocatedBytes(100, func() { _ = decode() }); bytes > 4096 {
+			t.Errorf("%s: %d bytes allocated per decode", name, bytes)
+		}
+	}
+}
+
+func allocatedBytes(runs int, f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return (after.TotalAlloc - before.TotalAlloc) / uint64(runs)
 }

@@ -1,0 +1,176 @@
+package embedded
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// Log record types. A record is framed as [u32 length][u32 CRC-32C][u8 type][payload], length
+// counting type and payload.
+const (
+	recQueueMsg    byte = 1 // proto QueueMessage, stored form (Attributes.Sequence is the key)
+	recQueueDel    byte = 2 // queue name, count, sequences: copies settled or dropped
+	recEvent       byte = 3 // proto EventReceive (Channel, Sequence, Timestamp)
+	recDelayAdd    byte = 4 // delay id, proto QueueMessage with Attributes.DelayedTo
+	recDelayDone   byte = 5 // count, delay ids moved into their queues
+	recCursor      byte = 6 // durable key, channel, cursor
+	recQueueMeta   byte = 7 // queue name, last sequence, sent, delivered
+	recChannelMeta byte = 8 // channel name, last sequence
+)
+
+const frameHeader = 9
+
+// maxRecord bounds one record: a message plus its envelope.
+const maxRecord = maxGRPCMessage + 1<<20
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var errCorrupt = errors.New("corrupt log record")
+
+// frame appends one framed record to dst.
+func frame(dst []byte, typ byte, payload []byte) []byte {
+	n := 1 + len(payload)
+	var h [frameHeader]byte
+	binary.LittleEndian.PutUint32(h[0:4], uint32(n))
+	h[8] = typ
+	c := crc32.Update(0, castagnoli, h[8:9])
+	c = crc32.Update(c, castagnoli, payload)
+	binary.LittleEndian.PutUint32(h[4:8], c)
+	dst = append(dst, h[:]...)
+	return append(dst, payload...)
+}
+
+// unframe reads the record at the start of b. n is the bytes consumed; err is errCorrupt for a
+// torn or damaged frame (the log is cut there).
+func unframe(b []byte) (typ byte, payload []byte, n int, err error) {
+	if len(b) < frameHeader {
+		return 0, nil, 0, errCorrupt
+	}
+	size := int(binary.LittleEndian.Uint32(b[0:4]))
+	if size < 1 || size > maxRecord || len(b) < 8+size {
+		return 0, nil, 0, errCorrupt
+	}
+	body := b[8 : 8+size]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[4:8]) {
+		return 0, nil, 0, errCorrupt
+	}
+	return body[0], body[1:], 8 + size, nil
+}
+
+// dec reads the small hand-encoded records; the first failure sticks.
+type dec struct {
+	b   []byte
+	err error
+}
+
+func (d *dec) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errCorrupt
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) str() string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.err = errCorrupt
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *dec) rest() []byte {
+	b := d.b
+	d.b = nil
+	return b
+}
+
+func putStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// record is one decoded log record.
+type record struct {
+	typ     byte
+	qm      *kubemqpb.QueueMessage // recQueueMsg, recDelayAdd
+	ev      *kubemqpb.EventReceive // recEvent
+	name    string                 // queue, channel or durable key
+	channel string                 // recCursor
+	id      uint64                 // recDelayAdd
+	nums    []uint64               // recQueueDel sequences, recDelayDone ids; meta values
+}
+
+// decodeRecord parses a payload of the given type. Unknown types and malformed payloads are
+// errors, never panics.
+func decodeRecord(typ byte, p []byte) (record, error) {
+	r := record{typ: typ}
+	d := &dec{b: p}
+	switch typ {
+	case recQueueMsg:
+		r.qm = &kubemqpb.QueueMessage{}
+		if err := proto.Unmarshal(p, r.qm); err != nil {
+			return r, errCorrupt
+		}
+		if r.qm.Attributes == nil || r.qm.Policy == nil || r.qm.Attributes.Sequence == 0 {
+			return r, errCorrupt
+		}
+		return r, nil
+	case recEvent:
+		r.ev = &kubemqpb.EventReceive{}
+		if err := proto.Unmarshal(p, r.ev); err != nil || r.ev.Sequence == 0 {
+			return r, errCorrupt
+		}
+		return r, nil
+	case recDelayAdd:
+		r.id = d.uvarint()
+		r.qm = &kubemqpb.QueueMessage{}
+		if d.err != nil || proto.Unmarshal(d.rest(), r.qm) != nil || r.qm.Attributes == nil || r.qm.Policy == nil {
+			return r, errCorrupt
+		}
+		return r, nil
+	case recQueueDel, recDelayDone:
+		if typ == recQueueDel {
+			r.name = d.str()
+		}
+		n := d.uvarint()
+		if d.err == nil && n > uint64(len(d.b)) {
+			return r, errCorrupt
+		}
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			r.nums = append(r.nums, d.uvarint())
+		}
+	case recCursor:
+		r.name = d.str()
+		r.channel = d.str()
+		r.nums = []uint64{d.uvarint()}
+	case recQueueMeta:
+		r.name = d.str()
+		r.nums = []uint64{d.uvarint(), d.uvarint(), d.uvarint()}
+	case recChannelMeta:
+		r.name = d.str()
+		r.nums = []uint64{d.uvarint()}
+	default:
+		return r, errCorrupt
+	}
+	if d.err != nil || len(d.b) != 0 {
+		return r, errCorrupt
+	}
+	return r, nil
+}

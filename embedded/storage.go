@@ -1,0 +1,481 @@
+package embedded
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// logStore is the persistence of a Server with a DataDir: an append-only log cut into segment
+// files, with group commit.
+//
+// Write path: a mutation appends its framed record to an in-memory batch while holding the lock
+// that orders it (queue or channel), and gets back its log position. One writer goroutine writes
+// whole batches to the current segment with one write(2) each and publishes the committed
+// position; senders wait for their position before acknowledging, so every acknowledged send is
+// in the OS (it survives a process kill). fsync runs every FsyncInterval, or before each
+// acknowledgement with FsyncEveryWrite (power-loss safe).
+//
+// Space: records that hold data (queue copies, events, delayed messages) are counted live per
+// segment; settling, dropping or retention releases them. A segment is deleted once it and every
+// older one hold nothing live and a newer segment holds a full snapshot of the small state
+// (sequences, counters, durable cursors).
+type logStore struct {
+	s   *Server
+	dir string
+	log *zap.Logger
+
+	mu      sync.Mutex // guards the fields down to rotated
+	cur     uint32     // segment receiving appends
+	curSize int64
+	lsn     uint64  // log position after the last append
+	pending []chunk // appended, not yet written
+	segIDs  []uint32
+	segs    map[uint32]*segInfo
+	metaSeg uint32 // segment where the newest complete snapshot starts
+
+	rotated atomic.Bool // a new segment began: maintain writes a snapshot
+
+	cmu       sync.Mutex // guards committed, failed, closed
+	cond      *sync.Cond
+	committed uint64
+	failed    error
+	closed    bool
+
+	kick     chan struct{}
+	stop     chan struct{}
+	finished chan struct{}
+}
+
+type chunk struct {
+	seg  uint32
+	data []byte
+}
+
+type segInfo struct {
+	live atomic.Int64
+}
+
+func segPath(dir string, id uint32) string {
+	return filepath.Join(dir, fmt.Sprintf("seg-%010d.log", id))
+}
+
+// openLogStore recovers the state in dir into s and starts the writer on a fresh segment.
+func openLogStore(dir string, s *Server) (*logStore, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("embedded: data dir: %w", err)
+	}
+	st := &logStore{
+		s: s, dir: dir, log: s.log, segs: map[uint32]*segInfo{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), finished: make(chan struct{}),
+	}
+	st.cond = sync.NewCond(&st.cmu)
+	ids, err := listSegments(dir)
+	if err != nil {
+		return nil, err
+	}
+	rc := newRecovery(s, st)
+	for _, id := range ids {
+		if err := rc.replaySegment(id); err != nil {
+			return nil, err
+		}
+	}
+	rc.finish()
+	var last uint32
+	if len(ids) > 0 {
+		last = ids[len(ids)-1]
+	}
+	st.cur = last + 1
+	st.addSeg(st.cur)
+	st.rotated.Store(true) // snapshot the recovered state into the new segment
+	go st.writer()
+	return st, nil
+}
+
+func listSegments(dir string) ([]uint32, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var ids []uint32
+	for _, e := range ents {
+		var id uint32
+		if _, err := fmt.Sscanf(e.Name(), "seg-%010d.log", &id); err == nil && strings.HasSuffix(e.Name(), ".log") {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
+
+func (st *logStore) addSeg(id uint32) *segInfo {
+	si := &segInfo{}
+	st.segs[id] = si
+	st.segIDs = append(st.segIDs, id)
+	return si
+}
+
+// append adds one record; live records count against the segment. It returns the log position
+// to wait for and the segment.
+func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32) {
+	n := int64(frameHeader + len(payload))
+	st.mu.Lock()
+	if st.curSize > 0 && st.curSize+n > st.s.opts.SegmentBytes {
+		st.cur++
+		st.curSize = 0
+		st.addSeg(st.cur)
+		st.rotated.Store(true)
+	}
+	seg := st.cur
+	if live {
+		st.segs[seg].live.Add(1)
+	}
+	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg {
+		st.pending[k-1].data = frame(st.pending[k-1].data, typ, payload)
+	} else {
+		st.pending = append(st.pending, chunk{seg: seg, data: frame(make([]byte, 0, 64<<10), typ, payload)})
+	}
+	st.curSize += n
+	st.lsn += uint64(n)
+	lsn := st.lsn
+	st.mu.Unlock()
+	select {
+	case st.kick <- struct{}{}:
+	default:
+	}
+	return lsn, seg
+}
+
+func (st *logStore) release(seg uint32) {
+	st.mu.Lock()
+	si := st.segs[seg]
+	st.mu.Unlock()
+	if si != nil {
+		si.live.Add(-1)
+	}
+}
+
+// wait blocks until the log holds position lsn.
+func (st *logStore) wait(lsn uint64) error {
+	st.cmu.Lock()
+	defer st.cmu.Unlock()
+	for st.committed < lsn && st.failed == nil && !st.closed {
+		st.cond.Wait()
+	}
+	if st.committed >= lsn {
+		return nil
+	}
+	if st.failed != nil {
+		return st.failed
+	}
+	return errServerClosed
+}
+
+// writer is the only goroutine touching segment files (besides deletion of closed ones).
+func (st *logStore) writer() {
+	defer close(st.finished)
+	var f *os.File
+	var fseg uint32
+	dirty := false
+	tick := time.NewTicker(st.syncEvery())
+	defer tick.Stop()
+	fail := func(err error) {
+		st.log.Error("log write failed; sends now fail", zap.Error(err))
+		st.cmu.Lock()
+		st.failed = err
+		st.cond.Broadcast()
+		st.cmu.Unlock()
+	}
+	flush := func() bool {
+		st.mu.Lock()
+		chunks := st.pending
+		st.pending = nil
+		upto := st.lsn
+		st.mu.Unlock()
+		for _, c := range chunks {
+			if f == nil || c.seg != fseg {
+				if f != nil {
+					// A finished segment is made durable before the next one takes writes.
+					if err := f.Sync(); err != nil {
+						fail(err)
+						return false
+					}
+					f.Close()
+				}
+				var err error
+				f, err = os.OpenFile(segPath(st.dir, c.seg), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					fail(err)
+					return false
+				}
+				fseg = c.seg
+				syncDir(st.dir)
+			}
+			if _, err := f.Write(c.data); err != nil {
+				fail(err)
+				return false
+			}
+			dirty = true
+		}
+		if f != nil && dirty && st.s.opts.FsyncEveryWrite {
+			if err := f.Sync(); err != nil {
+				fail(err)
+				return false
+			}
+			dirty = false
+		}
+		st.cmu.Lock()
+		if upto > st.committed {
+			st.committed = upto
+		}
+		st.cond.Broadcast()
+		st.cmu.Unlock()
+		return true
+	}
+	for {
+		select {
+		case <-st.kick:
+			if !flush() {
+				return
+			}
+		case <-tick.C:
+			if f != nil && dirty && st.s.opts.FsyncInterval > 0 {
+				_ = f.Sync()
+				dirty = false
+			}
+		case <-st.stop:
+			if flush() && f != nil {
+				_ = f.Sync()
+			}
+			if f != nil {
+				f.Close()
+			}
+			return
+		}
+	}
+}
+
+func (st *logStore) syncEvery() time.Duration {
+	if st.s.opts.FsyncInterval > 0 {
+		return st.s.opts.FsyncInterval
+	}
+	return time.Hour
+}
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+}
+
+func (st *logStore) close() error {
+	close(st.stop)
+	<-st.finished
+	st.cmu.Lock()
+	st.closed = true
+	err := st.failed
+	st.cond.Broadcast()
+	st.cmu.Unlock()
+	return err
+}
+
+// maintain writes a snapshot after a segment change and deletes segments that hold nothing live.
+// Called by the server's housekeeping goroutine only.
+func (st *logStore) maintain() {
+	if st.rotated.Swap(false) {
+		st.mu.Lock()
+		start := st.cur
+		st.mu.Unlock()
+		lsn := st.s.snapshot()
+		if st.wait(lsn) == nil {
+			st.mu.Lock()
+			st.metaSeg = start
+			st.mu.Unlock()
+		}
+	}
+	for {
+		st.mu.Lock()
+		if len(st.segIDs) == 0 {
+			st.mu.Unlock()
+			return
+		}
+		id := st.segIDs[0]
+		if id >= st.metaSeg || id >= st.cur || st.segs[id].live.Load() > 0 {
+			st.mu.Unlock()
+			return
+		}
+		st.segIDs = st.segIDs[1:]
+		delete(st.segs, id)
+		st.mu.Unlock()
+		if err := os.Remove(segPath(st.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			st.log.Warn("cannot delete log segment", zap.Uint32("segment", id), zap.Error(err))
+		}
+	}
+}
+
+// snapshot logs the small state that must outlive the records it was derived from.
+func (s *Server) snapshot() uint64 {
+	st := s.store
+	var lsn uint64
+	s.mu.RLock()
+	qs := make([]*queue, 0, len(s.queues))
+	for _, q := range s.queues {
+		qs = append(qs, q)
+	}
+	cs := make([]*eventChannel, 0, len(s.channels))
+	for _, c := range s.channels {
+		cs = append(cs, c)
+	}
+	ds := make([]*durable, 0, len(s.durables))
+	for _, d := range s.durables {
+		ds = append(ds, d)
+	}
+	s.mu.RUnlock()
+	for _, q := range qs {
+		q.mu.Lock()
+		b := putStr(nil, q.name)
+		b = binary.AppendUvarint(b, q.lastSeq)
+		b = binary.AppendUvarint(b, uint64(q.sent))
+		b = binary.AppendUvarint(b, uint64(q.delivered))
+		lsn, _ = st.append(recQueueMeta, b, false)
+		q.mu.Unlock()
+	}
+	for _, c := range cs {
+		c.mu.Lock()
+		b := binary.AppendUvarint(putStr(nil, c.name), c.last)
+		lsn, _ = st.append(recChannelMeta, b, false)
+		c.mu.Unlock()
+	}
+	for _, d := range ds {
+		d.mu.Lock()
+		cur := d.cursor
+		d.mu.Unlock()
+		lsn, _ = st.append(recCursor, cursorPayload(d.key, d.channel, cur), false)
+	}
+	return lsn
+}
+
+func cursorPayload(key, channel string, cur uint64) []byte {
+	return binary.AppendUvarint(putStr(putStr(nil, key), channel), cur)
+}
+
+// Server-side hooks: no-ops in memory.
+
+func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (uint64, uint32) {
+	if s.store == nil {
+		return 0, 0
+	}
+	b, _ := proto.Marshal(m)
+	return s.store.append(recQueueMsg, b, true)
+}
+
+func (s *Server) logQueueDel(name string, seqs []uint64) {
+	if s.store == nil {
+		return
+	}
+	b := putStr(make([]byte, 0, len(name)+8+len(seqs)*4), name)
+	b = binary.AppendUvarint(b, uint64(len(seqs)))
+	for _, v := range seqs {
+		b = binary.AppendUvarint(b, v)
+	}
+	s.store.append(recQueueDel, b, false)
+}
+
+func (s *Server) logDelayAdd(id uint64, m *kubemqpb.QueueMessage) (uint64, uint32) {
+	if s.store == nil {
+		return 0, 0
+	}
+	b := binary.AppendUvarint(nil, id)
+	b, _ = proto.MarshalOptions{}.MarshalAppend(b, m)
+	return s.store.append(recDelayAdd, b, true)
+}
+
+func (s *Server) logDelayDone(ids []uint64) {
+	if s.store == nil {
+		return
+	}
+	b := binary.AppendUvarint(nil, uint64(len(ids)))
+	for _, v := range ids {
+		b = binary.AppendUvarint(b, v)
+	}
+	s.store.append(recDelayDone, b, false)
+}
+
+func (s *Server) logEvent(e *kubemqpb.EventReceive) (uint64, uint32) {
+	if s.store == nil {
+		return 0, 0
+	}
+	b, _ := proto.Marshal(e)
+	return s.store.append(recEvent, b, true)
+}
+
+func (s *Server) logCursor(key, channel string, cur uint64) {
+	if s.store == nil {
+		return
+	}
+	s.store.append(recCursor, cursorPayload(key, channel, cur), false)
+}
+
+func (s *Server) releaseSeg(seg uint32) {
+	if s.store != nil && seg != 0 {
+		s.store.release(seg)
+	}
+}
+
+func (s *Server) waitLog(lsn uint64) error {
+	if s.store == nil || lsn == 0 {
+		return nil
+	}
+	return s.store.wait(lsn)
+}
+
+// applyRetention removes events and visible queue messages older than MaxRetention. Both lists
+// are in time order, so only their heads are examined. The log needs no record for it: replay
+// applies the same age rule.
+func (s *Server) applyRetention() {
+	cutoff := s.now().Add(-s.opts.MaxRetention).UnixNano()
+	s.mu.RLock()
+	qs := make([]*queue, 0, len(s.queues))
+	for _, q := range s.queues {
+		qs = append(qs, q)
+	}
+	cs := make([]*eventChannel, 0, len(s.channels))
+	for _, c := range s.channels {
+		cs = append(cs, c)
+	}
+	s.mu.RUnlock()
+	for _, c := range cs {
+		c.mu.Lock()
+		n := 0
+		for n < len(c.events) && c.events[n].e.Timestamp < cutoff {
+			s.releaseSeg(c.events[n].seg)
+			n++
+		}
+		if n > 0 {
+			clear(c.events[:n])
+			c.events = append(c.events[:0:0], c.events[n:]...)
+			c.first += uint64(n)
+		}
+		c.mu.Unlock()
+	}
+	for _, q := range qs {
+		q.mu.Lock()
+		for q.head < len(q.ready) && q.ready[q.head].m.Attributes.Timestamp < cutoff {
+			q.forgetLocked(q.popLocked())
+		}
+		q.mu.Unlock()
+	}
+}

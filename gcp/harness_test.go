@@ -20,6 +20,7 @@ import (
 	pubsubv1 "cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/v2"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/gcp"
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -33,6 +34,7 @@ type env struct {
 	srv     *gcp.Server
 	kc      *kubemqclient.Client
 	reg     *registry.Registry
+	dm      *delivery.Manager
 	project string
 	suffix  string // makes ids unique on a shared external KubeMQ
 	ready   atomic.Pointer[error]
@@ -65,7 +67,17 @@ func startEnv(t *testing.T, opts ...envOption) *env {
 		t.Fatalf("registry replay: %v", err)
 	}
 	e := &env{t: t, kc: kc, reg: reg, project: "proj-" + suffix, suffix: suffix}
-	o := gcp.Options{Client: kc, Registry: reg, Logger: log.Named("gcp"), Ready: func() error {
+	dm, err := delivery.NewManager(engineBackend{kc}, delivery.Options{Logger: log.Named("delivery")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		dm.Close(ctx)
+	})
+	e.dm = dm
+	o := gcp.Options{Client: kc, Registry: reg, Deliveries: dm, Logger: log.Named("gcp"), Ready: func() error {
 		if p := e.ready.Load(); p != nil {
 			return *p
 		}

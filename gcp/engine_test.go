@@ -62,7 +62,9 @@ func (d engineDownstream) Get(ctx context.Context, queue string, maxItems int, w
 	return tx.ID, msgs, nil
 }
 
-func (d engineDownstream) AckAll(ctx context.Context, tx string) error        { return d.d.AckAll(tx) }
-func (d engineDownstream) CloseByClient(ctx context.Context, tx string) error { return d.d.CloseByClient(tx) }
-func (d engineDownstream) Sync(ctx context.Context, tx string) error          { return d.d.Sync(ctx, tx) }
-func (d engineDownstream) Close() error                                       { return d.d.Close() }
+func (d engineDownstream) AckAll(ctx context.Context, tx string) error { return d.d.AckAll(tx) }
+func (d engineDownstream) CloseByClient(ctx context.Context, tx string) error {
+	return d.d.CloseByClient(tx)
+}
+func (d engineDownstream) Sync(ctx context.Context, tx string) error { return d.d.Sync(ctx, tx) }
+func (d engineDownstream) Close() error                              { return d.d.Close() }

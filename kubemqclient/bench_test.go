@@ -12,8 +12,26 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/embedded"
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	kc "github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
+
+// servers runs f against kubemqtest.Address ("disk": the embedded server with
+// a data dir, or the external one) and, for comparison, an in-memory
+// embedded server ("mem"), which shows the client's own cost.
+func servers(b *testing.B, f func(b *testing.B, c *kc.Client)) {
+	b.Run("disk", func(b *testing.B) { f(b, dial(b)) })
+	b.Run("mem", func(b *testing.B) {
+		if kubemqtest.External() {
+			b.Skip("external server")
+		}
+		addr, _ := kubemqtest.StartEmbedded(b, embedded.Options{Strict: true, Logger: zap.NewNop()})
+		f(b, dialAddr(b, addr))
+	})
+}
 
 var payload = make([]byte, 1024)
 
@@ -72,8 +90,9 @@ func fill(b *testing.B, c *kc.Client, ch string, n int) {
 	})
 }
 
-func BenchmarkQueueSendBatch(b *testing.B) {
-	c := dial(b)
+func BenchmarkQueueSendBatch(b *testing.B) { servers(b, benchQueueSendBatch) }
+
+func benchQueueSendBatch(b *testing.B, c *kc.Client) {
 	ch := fresh(b, "bench")
 	b.ResetTimer()
 	start := time.Now()
@@ -81,8 +100,9 @@ func BenchmarkQueueSendBatch(b *testing.B) {
 	report(b, start, b.N)
 }
 
-func BenchmarkQueueSendUpstream(b *testing.B) {
-	c := dial(b)
+func BenchmarkQueueSendUpstream(b *testing.B) { servers(b, benchQueueSendUpstream) }
+
+func benchQueueSendUpstream(b *testing.B, c *kc.Client) {
 	ch := fresh(b, "bench")
 	up, err := c.OpenUpstream(context.Background())
 	if err != nil {
@@ -101,8 +121,9 @@ func BenchmarkQueueSendUpstream(b *testing.B) {
 	report(b, start, b.N)
 }
 
-func BenchmarkQueueReceiveAckAll(b *testing.B) {
-	c := dial(b)
+func BenchmarkQueueReceiveAckAll(b *testing.B) { servers(b, benchQueueReceiveAckAll) }
+
+func benchQueueReceiveAckAll(b *testing.B, c *kc.Client) {
 	ch := fresh(b, "bench")
 	fill(b, c, ch, b.N)
 	ds, err := c.OpenDownstream(context.Background())
@@ -149,8 +170,9 @@ func publishN(b *testing.B, c *kc.Client, ch string, n, per, workers int) {
 	})
 }
 
-func BenchmarkEventsStorePublish(b *testing.B) {
-	c := dial(b)
+func BenchmarkEventsStorePublish(b *testing.B) { servers(b, benchEventsStorePublish) }
+
+func benchEventsStorePublish(b *testing.B, c *kc.Client) {
 	ch := fresh(b, "bench")
 	b.ResetTimer()
 	start := time.Now()
@@ -158,8 +180,9 @@ func BenchmarkEventsStorePublish(b *testing.B) {
 	report(b, start, b.N)
 }
 
-func BenchmarkEventsStoreReplay(b *testing.B) {
-	c := dial(b)
+func BenchmarkEventsStoreReplay(b *testing.B) { servers(b, benchEventsStoreReplay) }
+
+func benchEventsStoreReplay(b *testing.B, c *kc.Client) {
 	ch := fresh(b, "bench")
 	publishN(b, c, ch, b.N, 100, 8)
 	b.ResetTimer()

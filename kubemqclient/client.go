@@ -111,13 +111,14 @@ type Client struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine the client starts (see goTracked)
 
-	ready   atomic.Bool
-	kick    chan struct{} // wakes the health loop early (cap 1)
-	stateMu sync.Mutex    // guards hooks, readyCh, closed
-	hooks   map[int]func(up bool)
-	hookID  int
-	readyCh chan struct{} // closed when ready; replaced when going down
-	closed  bool
+	ready    atomic.Bool
+	kick     chan struct{} // wakes the health loop early (cap 1)
+	notifyMu sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
+	stateMu  sync.Mutex    // guards hooks, readyCh, closed
+	hooks    map[int]func(up bool)
+	hookID   int
+	readyCh  chan struct{} // closed when ready; replaced when going down
+	closed   bool
 
 	pub *eventPublisher
 
@@ -292,8 +293,9 @@ func (c *Client) WaitReady(ctx context.Context) error {
 }
 
 // OnStateChange registers fn to be called with every readiness change, in
-// order, from the health goroutine (keep it short). It returns a function
-// that removes the hook.
+// order, synchronously by the goroutine that observed the change (keep it
+// short; it must not call back into the client). It returns a function that
+// removes the hook.
 func (c *Client) OnStateChange(fn func(up bool)) (remove func()) {
 	c.stateMu.Lock()
 	defer c.stateMu.Unlock()
@@ -326,12 +328,16 @@ func (c *Client) StateChanges() <-chan bool {
 		}
 		ch <- up
 	}
+	// Registering and pushing the current state under notifyMu keeps a
+	// concurrent change from being overtaken by the initial value.
+	c.notifyMu.Lock()
 	c.stateMu.Lock()
 	id := c.hookID
 	c.hookID++
 	c.hooks[id] = push
 	c.stateMu.Unlock()
 	push(c.ready.Load())
+	c.notifyMu.Unlock()
 	c.goTracked(func() {
 		<-c.ctx.Done()
 		mu.Lock()
@@ -345,6 +351,8 @@ func (c *Client) StateChanges() <-chan bool {
 // setReady flips readiness and runs the hooks; only the health loop and Close
 // call it with true, any caller may call it with false.
 func (c *Client) setReady(up bool) {
+	c.notifyMu.Lock()
+	defer c.notifyMu.Unlock()
 	c.stateMu.Lock()
 	if c.ready.Load() == up {
 		c.stateMu.Unlock()

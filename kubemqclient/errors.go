@@ -82,6 +82,9 @@ var (
 	ErrClientIDInUse     = errors.New("client id already registered")   // events-store subscription with a ClientID in use
 	ErrTimeout           = errors.New("timeout")                        // DeadlineExceeded; also matches context.DeadlineExceeded
 	ErrCanceled          = errors.New("canceled")                       // also matches context.Canceled
+	// ErrStrictMode is the embedded server's strict-mode refusal of a usage
+	// pattern the real server mishandles (kubemq-api.md 8, 9): a client bug.
+	ErrStrictMode = errors.New("refused by strict mode")
 )
 
 var sentinelParent = map[error]error{
@@ -162,6 +165,8 @@ func classify(op string, gc codes.Code, msg string) *Error {
 	case e.Code >= 101 && e.Code <= 122, e.Code == 126, e.Code == 127,
 		e.Code >= 131 && e.Code <= 136, e.Code == 206, e.Code == 207:
 		e.kind = ErrInvalidArgument
+	case strings.HasPrefix(msg, "strict mode:"):
+		e.kind = ErrStrictMode
 	case strings.Contains(lower, "transaction id not found"):
 		e.kind = ErrTxNotFound
 	case strings.Contains(lower, "closed response"):

@@ -47,6 +47,7 @@ func TestClassify(t *testing.T) {
 		{codes.InvalidArgument, "bad", 0, ErrInvalidArgument, false},
 		{codes.Internal, "stan: invalid subject", 0, nil, false},
 		{codes.OK, "Error 1234: not a code", 0, nil, false},
+		{codes.OK, "strict mode: settlement on a foreign stream", 0, ErrStrictMode, false},
 		{codes.OK, "Error : nothing", 0, nil, false},
 		{codes.OK, "Error 12", 0, nil, false},
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/kubemq-io/kubemq-proxy/kubemqpb"
@@ -25,13 +27,21 @@ type fake struct {
 	upstream   func(grpc.BidiStreamingServer[pb.QueuesUpstreamRequest, pb.QueuesUpstreamResponse]) error
 	downstream func(grpc.BidiStreamingServer[pb.QueuesDownstreamRequest, pb.QueuesDownstreamResponse]) error
 	events     func(grpc.BidiStreamingServer[pb.Event, pb.Result]) error
+	auth       chan string // if set, receives the authorization metadata of each Ping
 
 	srv  *grpc.Server
 	addr string
 	done chan struct{}
 }
 
-func (f *fake) Ping(context.Context, *pb.Empty) (*pb.PingResult, error) {
+func (f *fake) Ping(ctx context.Context, _ *pb.Empty) (*pb.PingResult, error) {
+	if f.auth != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		select {
+		case f.auth <- strings.Join(md.Get("authorization"), ","):
+		default:
+		}
+	}
 	return &pb.PingResult{Host: "fake", Version: "v0", ServerStartTime: 1}, nil
 }
 
@@ -139,6 +149,15 @@ func TestReadinessFollowsServer(t *testing.T) {
 	}
 	if err := c.WaitReady(within(t, time.Second)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("WaitReady after Close: %v", err)
+	}
+}
+
+func TestAuthTokenSent(t *testing.T) {
+	f := &fake{auth: make(chan string, 1)}
+	f.start(t, "127.0.0.1:0")
+	dialFake(t, f, Options{AuthToken: "secret"})
+	if got := <-f.auth; got != "secret" {
+		t.Fatalf("authorization metadata %q", got)
 	}
 }
 

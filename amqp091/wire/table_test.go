@@ -144,6 +144,7 @@ func TestTableEncodeErrors(t *testing.T) {
 		"key over 255":      {strings.Repeat("k", 256): true},
 		"self reference":    self,
 		"too deep":          nest(MaxTableDepth),
+		"arrays too deep":   {"a": nestArrays(MaxTableDepth)},
 		"shortstr-free ptr": {"k": new(int)},
 	} {
 		if _, err := AppendTable(nil, in); err == nil {
@@ -153,6 +154,18 @@ func TestTableEncodeErrors(t *testing.T) {
 	if _, err := AppendTable(nil, nest(MaxTableDepth-1)); err != nil {
 		t.Errorf("depth %d: %v", MaxTableDepth, err)
 	}
+	if _, err := AppendTable(nil, Table{"a": nestArrays(MaxTableDepth - 1)}); err != nil {
+		t.Errorf("arrays at depth %d: %v", MaxTableDepth, err)
+	}
+}
+
+// nestArrays returns n arrays nested in each other.
+func nestArrays(n int) []any {
+	a := []any{}
+	for range n - 1 {
+		a = []any{a}
+	}
+	return a
 }
 
 // nest returns a table with n tables nested inside it (depth n+1).

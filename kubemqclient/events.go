@@ -347,7 +347,7 @@ func (p *pubLane) read(g *pubGen) {
 		}
 		g.mu.Unlock()
 		if !ok {
-			p.c.log.Warn("events-store result for no event", zap.String("event_id", id))
+			p.c.log.Warn("events-store result for no event in flight", zap.String("event_id", id))
 			continue
 		}
 		var rerr error

@@ -90,7 +90,7 @@ func (u *Upstream) read(g *upGen) {
 		delete(g.pending, resp.GetRefRequestID())
 		g.mu.Unlock()
 		if !ok {
-			u.c.log.Warn("upstream response for no request", zap.String("ref", resp.GetRefRequestID()))
+			u.c.log.Debug("upstream response for no waiting call (cancelled)", zap.String("ref", resp.GetRefRequestID()))
 			continue
 		}
 		ch <- upReply{resp: resp}

@@ -22,6 +22,7 @@ type VisibleMessage struct {
 
 	c      *Client
 	stream grpc.BidiStreamingClient[pb.StreamQueueMessagesRequest, pb.StreamQueueMessagesResponse]
+	ctx    context.Context // the stream's
 	cancel context.CancelFunc
 	resps  chan *pb.StreamQueueMessagesResponse // closed when the stream ends
 	done   chan struct{}                        // closed when the reader exits; endErr set then
@@ -58,7 +59,7 @@ func (c *Client) ReceiveWithVisibility(ctx context.Context, channel string, visi
 		cancel()
 		return nil, c.observe(wrapErr(op, err))
 	}
-	v := &VisibleMessage{c: c, stream: stream, cancel: cancel,
+	v := &VisibleMessage{c: c, stream: stream, ctx: sctx, cancel: cancel,
 		resps: make(chan *pb.StreamQueueMessagesResponse, 4), done: make(chan struct{})}
 	c.goTracked(v.read)
 	id := c.ids.next()
@@ -113,7 +114,12 @@ func (v *VisibleMessage) read() {
 			}
 			return
 		}
-		v.resps <- r
+		select {
+		case v.resps <- r:
+		case <-v.ctx.Done():
+			v.endErr = closedErr("VisibleMessage")
+			return
+		}
 	}
 }
 

@@ -280,6 +280,16 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 	return tx, nil
 }
 
+// Sequences returns the Attributes.Sequence of each message, for AckRange
+// and its kin.
+func Sequences(msgs []QueueMessage) []uint64 {
+	out := make([]uint64, len(msgs))
+	for i := range msgs {
+		out[i] = msgs[i].Attributes.Sequence
+	}
+	return out
+}
+
 // DedupeSequences removes messages whose Attributes.Sequence repeats an
 // earlier one (the real server can repeat a sequence within one Get,
 // kubemq-api.md 8.8), keeping the first. It reuses msgs' backing array.

@@ -26,7 +26,9 @@ func (c *Client) PublishEvent(ctx context.Context, e Event) (PublishResult, erro
 // is validated before anything is sent. The error is for the call as a whole
 // (validation, ctx, closed client); per-event failures, including Sent=false
 // and a stream broken before the event was answered (retryable), are in the
-// results, one per event in order (see FirstError).
+// results, one per event in order (see FirstError). If ctx ends first the
+// call returns at once, but the events may still be written: do not modify
+// their Body or Tags afterwards.
 func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishResult, error) {
 	const op = "PublishEvents"
 	if c.isClosed() {

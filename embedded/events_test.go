@@ -27,7 +27,7 @@ func (e *env) publish(ch string, store bool, bodies ...string) []*pb.Result {
 }
 
 type sub struct {
-	t      *testing.T
+	t      testing.TB
 	s      pb.Kubemq_SubscribeToEventsClient
 	cancel context.CancelFunc
 }

@@ -3,6 +3,7 @@ package embedded_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 )
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	srv *embedded.Server
 	c   pb.KubemqClient
 	ctx context.Context
@@ -71,7 +72,7 @@ func (e *env) mustSend(ch string, bodies ...string) {
 
 // ds is a downstream stream for tests.
 type ds struct {
-	t      *testing.T
+	t      testing.TB
 	s      pb.Kubemq_QueuesDownstreamClient
 	cancel context.CancelFunc
 	n      int
@@ -157,4 +158,13 @@ func embeddedOpts(f func(*optsT)) embedded.Options {
 	o := embedded.Options{Strict: true}
 	f(&o)
 	return o
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lis
 }

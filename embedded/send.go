@@ -50,21 +50,20 @@ func (s *Server) checkQueueMessage(m *kubemqpb.QueueMessage) string {
 	return ""
 }
 
-// sendQueue validates and stores one message. The result is final except that the caller must
-// wait for the returned log position before handing it out.
-func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.SendQueueMessageResult, uint64) {
+// prepareQueue validates m and builds its stored form and result. stored is nil on error.
+func (s *Server) prepareQueue(m *kubemqpb.QueueMessage, now time.Time) (res *kubemqpb.SendQueueMessageResult, stored *kubemqpb.QueueMessage) {
 	if e := s.checkQueueMessage(m); e != "" {
 		res := &kubemqpb.SendQueueMessageResult{IsError: true, Error: e}
 		if m != nil {
 			res.MessageID = m.MessageID
 		}
-		return res, 0
+		return res, nil
 	}
 	id := m.MessageID
 	if id == "" {
 		id = nuids.next()
 	}
-	var p kubemqpb.QueueMessagePolicy
+	p := &kubemqpb.QueueMessagePolicy{}
 	if m.Policy != nil {
 		p.ExpirationSeconds = m.Policy.ExpirationSeconds
 		p.DelaySeconds = m.Policy.DelaySeconds
@@ -82,22 +81,30 @@ func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.S
 	if p.ExpirationSeconds > 0 {
 		expAt = ns + int64(p.DelaySeconds+p.ExpirationSeconds)*int64(time.Second)
 	}
-	stored := &kubemqpb.QueueMessage{
+	stored = &kubemqpb.QueueMessage{
 		MessageID: id, ClientID: m.ClientID, Channel: m.Channel, Metadata: m.Metadata,
 		Body: m.Body, Tags: m.Tags,
 		Attributes: &kubemqpb.QueueMessageAttributes{ExpirationAt: expAt, DelayedTo: delayedTo},
-		Policy:     &p,
+		Policy:     p,
 	}
-	var lsn uint64
-	if delayedTo != 0 {
-		lsn = s.delays.add(stored)
-	} else {
-		q := s.getQueue(m.Channel, true)
-		q.mu.Lock()
-		lsn = q.appendLocked(stored, ns)
-		q.mu.Unlock()
+	return &kubemqpb.SendQueueMessageResult{MessageID: id, SentAt: ns, ExpirationAt: expAt, DelayedTo: delayedTo}, stored
+}
+
+// sendQueue validates and stores one message. The result is final except that the caller must
+// wait for the returned log position before handing it out.
+func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.SendQueueMessageResult, uint64) {
+	res, stored := s.prepareQueue(m, now)
+	if stored == nil {
+		return res, 0
 	}
-	return &kubemqpb.SendQueueMessageResult{MessageID: id, SentAt: ns, ExpirationAt: expAt, DelayedTo: delayedTo}, lsn
+	if stored.Attributes.DelayedTo != 0 {
+		return res, s.delays.add(stored)
+	}
+	q := s.getQueue(m.Channel, true)
+	q.mu.Lock()
+	lsn := q.appendLocked(stored, now.UnixNano())
+	q.mu.Unlock()
+	return res, lsn
 }
 
 // durable waits until the log holds everything up to lsn; on failure every result that was not
@@ -119,18 +126,38 @@ func (s *Server) SendQueueMessage(_ context.Context, m *kubemqpb.QueueMessage) (
 	return res, nil
 }
 
+// sendBatch stores messages in order; consecutive messages for one queue share a lock hold.
 func (s *Server) sendBatch(msgs []*kubemqpb.QueueMessage) ([]*kubemqpb.SendQueueMessageResult, bool, uint64) {
 	now := s.now()
+	ns := now.UnixNano()
 	results := make([]*kubemqpb.SendQueueMessageResult, len(msgs))
 	var last uint64
 	haveErrors := false
+	var q *queue
 	for i, m := range msgs {
-		res, lsn := s.sendQueue(m, now)
+		res, stored := s.prepareQueue(m, now)
 		results[i] = res
-		if lsn > last {
-			last = lsn
+		if stored == nil {
+			haveErrors = true
+			continue
 		}
-		haveErrors = haveErrors || res.IsError
+		var lsn uint64
+		if stored.Attributes.DelayedTo != 0 {
+			lsn = s.delays.add(stored)
+		} else {
+			if q == nil || q.name != stored.Channel {
+				if q != nil {
+					q.mu.Unlock()
+				}
+				q = s.getQueue(stored.Channel, true)
+				q.mu.Lock()
+			}
+			lsn = q.appendLocked(stored, ns)
+		}
+		last = max(last, lsn)
+	}
+	if q != nil {
+		q.mu.Unlock()
 	}
 	return results, haveErrors, last
 }

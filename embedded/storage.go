@@ -40,8 +40,9 @@ type logStore struct {
 	mu      sync.Mutex // guards the fields down to rotated
 	cur     uint32     // segment receiving appends
 	curSize int64
-	lsn     uint64  // log position after the last append
-	pending []chunk // appended, not yet written
+	lsn     uint64   // log position after the last append
+	pending []chunk  // appended, not yet written
+	spare   [][]byte // written buffers for reuse
 	segIDs  []uint32
 	segs    map[uint32]*segInfo
 	metaSeg uint32 // segment where the newest complete snapshot starts
@@ -145,7 +146,13 @@ func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32)
 	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg {
 		st.pending[k-1].data = frame(st.pending[k-1].data, typ, payload)
 	} else {
-		st.pending = append(st.pending, chunk{seg: seg, data: frame(make([]byte, 0, 64<<10), typ, payload)})
+		var buf []byte
+		if k := len(st.spare); k > 0 {
+			buf, st.spare = st.spare[k-1][:0], st.spare[:k-1]
+		} else {
+			buf = make([]byte, 0, 1<<20)
+		}
+		st.pending = append(st.pending, chunk{seg: seg, data: frame(buf, typ, payload)})
 	}
 	st.curSize += n
 	st.lsn += uint64(n)
@@ -236,6 +243,13 @@ func (st *logStore) writer() {
 			}
 			dirty = false
 		}
+		st.mu.Lock()
+		for _, c := range chunks {
+			if len(st.spare) < 4 && cap(c.data) <= 16<<20 {
+				st.spare = append(st.spare, c.data)
+			}
+		}
+		st.mu.Unlock()
 		st.cmu.Lock()
 		if upto > st.committed {
 			st.committed = upto

@@ -587,3 +587,75 @@ func TestPublisherReopensAndMatches(t *testing.T) {
 		t.Fatalf("publish after Close: %v", err)
 	}
 }
+
+func TestUpstreamReopensAfterStreamFailure(t *testing.T) {
+	var mu sync.Mutex
+	streams := 0
+	f := &fake{upstream: func(s grpc.BidiStreamingServer[pb.QueuesUpstreamRequest, pb.QueuesUpstreamResponse]) error {
+		mu.Lock()
+		streams++
+		first := streams == 1
+		mu.Unlock()
+		for {
+			r, err := s.Recv()
+			if err != nil {
+				return nil
+			}
+			if first {
+				return status.Error(codes.Unavailable, "gone")
+			}
+			resp := &pb.QueuesUpstreamResponse{RefRequestID: r.RequestID}
+			for range r.Messages {
+				resp.Results = append(resp.Results, &pb.SendQueueMessageResult{MessageID: "id", SentAt: 1})
+			}
+			if err := s.Send(resp); err != nil {
+				return err
+			}
+		}
+	}}
+	f.start(t, "127.0.0.1:0")
+	c := dialFake(t, f, Options{})
+	up, err := c.OpenUpstream(within(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []QueueMessage{{Channel: "q", Body: []byte("x")}}
+	if _, err := up.Send(within(t, 5*time.Second), msg); !errors.Is(err, ErrUnavailable) || !IsRetryable(err) {
+		t.Fatalf("send on a failing stream: %v", err)
+	}
+	rs, err := up.Send(within(t, 5*time.Second), msg)
+	if err != nil || len(rs) != 1 || rs[0].Err != nil {
+		t.Fatalf("send after reopen: %v %+v", err, rs)
+	}
+	if err := up.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := up.Send(within(t, time.Second), msg); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send after Close: %v", err)
+	}
+}
+
+func TestSubscriptionEndsWithReason(t *testing.T) {
+	f := &fake{}
+	f.start(t, "127.0.0.1:0")
+	c := dialFake(t, f, Options{})
+	// The fake does not implement SubscribeToEvents: the refusal comes from Recv.
+	s, err := c.SubscribeEventsStore(within(t, 5*time.Second), SubscribeOptions{Channel: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ke *Error
+	if _, err := s.Recv(within(t, 5*time.Second)); !errors.As(err, &ke) || ke.GRPC != codes.Unimplemented {
+		t.Fatalf("Recv: %v", err)
+	}
+	s2, err := c.SubscribeEventsStore(within(t, 5*time.Second), SubscribeOptions{Channel: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.Recv(within(t, time.Second)); err == nil {
+		t.Fatal("Recv after Close succeeded")
+	}
+}

@@ -225,6 +225,10 @@ func (u *Upstream) Close() error {
 	case <-g.idleChan():
 	case <-g.done:
 	case <-ctx.Done():
+		// Calls still in flight (or a Send stuck on flow control): give up.
+		g.fail(closedErr("Upstream"))
+		<-g.done
+		return nil
 	}
 	g.sendMu.Lock()
 	_ = g.stream.CloseSend()

@@ -1,0 +1,49 @@
+package delivery
+
+import (
+	"context"
+	"time"
+)
+
+// Message is a KubeMQ queue message as this package sends and receives it.
+type Message struct {
+	ID       string            // KubeMQ MessageID; must be unique for every delayed message
+	Metadata string            // KubeMQ Metadata
+	Body     []byte            // KubeMQ Body
+	Tags     map[string]string // KubeMQ Tags
+
+	Sequence     uint64 // received: Attributes.Sequence of this stored copy (0 = unknown)
+	DelaySeconds int    // sent: Policy.DelaySeconds
+}
+
+// Backend is the part of the KubeMQ client the engine needs. *kubemqclient.Client satisfies it
+// through NewKubeMQBackend. All methods are safe for concurrent use.
+type Backend interface {
+	// Waiting returns how many messages wait in queue (QueuesInfo's Waiting count).
+	Waiting(ctx context.Context, queue string) (int64, error)
+	// Send stores msgs in queue as one batch. A non-nil error means nothing is known to be
+	// stored; otherwise results[i] is nil when msgs[i] is stored and its error if not.
+	Send(ctx context.Context, queue string, msgs []Message) (results []error, err error)
+	// OpenDownstream opens a QueuesDownstream stream.
+	OpenDownstream(ctx context.Context) (Downstream, error)
+	// Retryable reports whether a failed call may succeed later unchanged (connection lost,
+	// server busy); false for deterministic failures such as an invalid argument.
+	Retryable(err error) bool
+}
+
+// Downstream is one QueuesDownstream stream. The engine uses it from one goroutine at a time,
+// with at most one open transaction, and closes it only when no Get is outstanding
+// (kubemq-api.md 8.7). Any error means the stream is no longer usable.
+type Downstream interface {
+	// Get opens a transaction holding up to maxItems messages of queue. It returns when it
+	// holds maxItems messages or wait has passed (the server raises wait to 1 s).
+	Get(ctx context.Context, queue string, maxItems int, wait time.Duration) (tx string, msgs []Message, err error)
+	// AckAll settles every message of tx.
+	AckAll(ctx context.Context, tx string) error
+	// CloseByClient gives the unsettled messages of tx back to the queue.
+	CloseByClient(ctx context.Context, tx string) error
+	// Sync returns when every request sent on the stream before it has been processed.
+	Sync(ctx context.Context, tx string) error
+	// Close ends the stream.
+	Close() error
+}

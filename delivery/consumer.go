@@ -1,0 +1,716 @@
+package delivery
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Errors returned by Fetch and Close.
+var (
+	// ErrClosed: the Consumer (or Handle) is closed.
+	ErrClosed = errors.New("delivery: consumer closed")
+	// ErrLeasesLost wraps the backend error after which the lease table was dropped: every
+	// Delivery handed out before is void (its ack is ignored) and comes back through its
+	// lease record. Front-ends tell their clients (gRPC UNAVAILABLE, AMQP connection close).
+	ErrLeasesLost = errors.New("delivery: backend lost, leases dropped")
+)
+
+// Options configure a Consumer (and every Consumer of a Manager).
+type Options struct {
+	Logger *zap.Logger // nil = zap.NewNop()
+
+	// RecordDelay is the delay of every lease record, in whole seconds (default 10 s). A
+	// record of a live lease is re-armed each time it returns, so longer deadlines never need
+	// a longer KubeMQ delay (kubemq-api.md 9.4 rule 2).
+	RecordDelay time.Duration
+	// MaxBatch caps one Get (default 500, at most 1024).
+	MaxBatch int
+	// MaxRecordBytes caps the body of one lease record (default 4 MiB); a batch that needs
+	// more is split over several records. A single larger message gets a record of its own.
+	MaxRecordBytes int
+	// Deadline is the lease deadline of Consumer.Fetch and the initial one of a Handle;
+	// 0 = no deadline (AMQP).
+	Deadline time.Duration
+	// StoreTimeout bounds the retries of one record or copy store (default 30 s). A record
+	// that cannot be stored by then gives its transaction back to the queue.
+	StoreTimeout time.Duration
+	// StreamRecycle replaces the downstream stream after this many Gets (default 10000): the
+	// real server keeps one entry per Get until the stream ends (kubemq-api.md 8.1).
+	StreamRecycle int
+	// Linger (Manager only) keeps an unused Consumer that still has live leases open for acks
+	// at most this long (default 10 min); it closes as soon as its lease table is empty.
+	Linger time.Duration
+
+	// BeforeRedeliver, if set, is called before every redelivery copy is enqueued (Nack,
+	// expiry, Release, and leases recovered from a dead owner's records) with the Delivery as
+	// it was handed out (Attempt = the attempt that failed). Returning true drops the message
+	// instead (the caller has dead-lettered it). It runs outside every lock, on the
+	// Consumer's settler goroutine, and must not call the Consumer's Close.
+	BeforeRedeliver func(d *Delivery) (drop bool)
+	// OnLeasesLost, if set, is called (outside every lock) after the lease table was dropped
+	// because the backend failed, with the error and the number of leases dropped.
+	OnLeasesLost func(err error, leases int)
+}
+
+func (o *Options) setDefaults() error {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.RecordDelay == 0 {
+		o.RecordDelay = 10 * time.Second
+	}
+	if o.RecordDelay < time.Second || o.RecordDelay%time.Second != 0 || o.RecordDelay > time.Hour {
+		return fmt.Errorf("delivery: RecordDelay %v must be whole seconds in 1s..1h", o.RecordDelay)
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = 500
+	}
+	if o.MaxBatch < 1 || o.MaxBatch > 1024 {
+		return fmt.Errorf("delivery: MaxBatch %d out of 1..1024", o.MaxBatch)
+	}
+	if o.MaxRecordBytes == 0 {
+		o.MaxRecordBytes = 4 << 20
+	}
+	if o.MaxRecordBytes < 1024 {
+		return fmt.Errorf("delivery: MaxRecordBytes %d below 1024", o.MaxRecordBytes)
+	}
+	if o.Deadline < 0 {
+		return fmt.Errorf("delivery: negative Deadline %v", o.Deadline)
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = 30 * time.Second
+	}
+	if o.StreamRecycle <= 0 {
+		o.StreamRecycle = 10000
+	}
+	if o.Linger <= 0 {
+		o.Linger = 10 * time.Minute
+	}
+	return nil
+}
+
+// Delivery is one leased message handed out by Fetch. It is immutable: its fields (Body and
+// Tags included) must not be modified.
+type Delivery struct {
+	LeaseID     string    // opaque, unguessable, minted per delivery
+	Generation  uint32    // the lease's record generation at hand-out (informative)
+	Attempt     int       // delivery attempt counted by the proxy: 1 on first delivery
+	Deadline    time.Time // expiry at hand-out; zero = none. Extend does not update it
+	Redelivered bool      // Attempt > 1
+
+	MessageID string            // MessageID of the original KubeMQ message, stable across copies
+	Metadata  string            // KubeMQ Metadata
+	Body      []byte            // KubeMQ Body
+	Tags      map[string]string // KubeMQ Tags without the reserved "_kmqp_" tags
+	Sequence  uint64            // KubeMQ sequence of the copy delivered (diagnostic)
+}
+
+// Stats is a snapshot of a Consumer's gauges and counters (for /metrics).
+type Stats struct {
+	Queue    string
+	Leases   int // live leases: buffered + out + delayed + being requeued
+	Out      int // handed out and not yet settled
+	Buffered int // recorded, waiting for a Fetch
+	Waiters  int // Fetch calls waiting
+
+	Gets             uint64 // downstream Gets
+	Received         uint64 // data messages received (after deduplication)
+	DuplicateSeqs    uint64 // repeated sequences dropped from Get responses
+	Delivered        uint64 // deliveries handed out
+	Acked            uint64
+	Redelivered      uint64 // copies enqueued (nack, expiry, release, recovery)
+	DroppedByHook    uint64 // redeliveries BeforeRedeliver dropped
+	RecordsStored    uint64 // lease record messages stored
+	EntriesStored    uint64 // entries in them
+	RecordsReturned  uint64 // lease records received back
+	EntriesRearmed   uint64 // own live entries written again
+	EntriesObsolete  uint64 // own settled entries dropped
+	EntriesBounced   uint64 // foreign entries written back unchanged
+	EntriesRecovered uint64 // foreign or dead-owner entries turned into redeliveries
+	RecordsCorrupt   uint64 // records (or tails of records) that could not be decoded
+	StoreFailures    uint64 // batches given back to the queue because the record failed
+	LeasesLost       uint64 // leases dropped by backend failures
+	Resets           uint64 // lease-table drops
+}
+
+type counters struct {
+	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
+	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
+	corrupt, storeFailures, leasesLost, resets atomic.Uint64
+}
+
+// waiter is one Fetch call waiting for deliveries. Owned by Consumer.mu until done is closed.
+type waiter struct {
+	max      int
+	holder   *Handle
+	deadline time.Duration
+	got      []*Delivery
+	err      error
+	finished bool
+	done     chan struct{}
+}
+
+// Consumer leases the messages of one KubeMQ queue. At most one Consumer per queue may exist in
+// a process (two would open two transactions on one queue, kubemq-api.md 8.8): use a Manager.
+// All methods are safe for concurrent use.
+type Consumer struct {
+	queue string
+	b     Backend
+	opts  Options
+	log   *zap.Logger
+	ids   idGen
+	st    counters
+
+	// mu guards the lease table and everything that refers to leases: owner, table, ready,
+	// waiters, want, heap, requeue, handles, closing, emptyCh.
+	mu         sync.Mutex
+	owner      ownerID
+	pastOwners []ownerID // earlier incarnations of this Consumer: their entries are recovered at once
+	table      map[leaseKey]*lease
+	ready      []*lease // recorded leases waiting for a Fetch, FIFO
+	waiters    []*waiter
+	want       int // sum of waiters' max
+	heap       leaseHeap
+	requeue    []*lease // leases whose copy the settler must enqueue
+	handles    map[*Handle]struct{}
+	closing    bool
+	emptyCh    chan struct{} // closed when the table becomes empty (Manager linger)
+	settled    chan struct{} // closed (and dropped) each time the settler finishes a pass
+	idle       chan struct{} // closed (and dropped) when the poll loop waits for demand (tests)
+
+	pollWake   chan struct{} // cap 1: demand appeared
+	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
+
+	pollCtx, settleCtx       context.Context
+	pollCancel, settleCancel context.CancelFunc
+	pollDone, settleDone     chan struct{}
+	closeOnce                sync.Once
+	closeErr                 error
+	closed                   chan struct{}
+}
+
+// NewConsumer starts a Consumer for queue. The poll loop runs only while a Fetch waits.
+func NewConsumer(b Backend, queue string, opts Options) (*Consumer, error) {
+	return newConsumer(b, queue, opts, nil)
+}
+
+// identity is what a closed Consumer leaves to the next Consumer of its queue in this process:
+// its owner id when it closed clean (every lease settled, so its returning records are all
+// obsolete and must be dropped, not redelivered), and the ids of incarnations whose leases were
+// abandoned (their records are recovered at once).
+type identity struct {
+	owner ownerID
+	clean bool
+	past  []ownerID
+}
+
+func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consumer, error) {
+	if b == nil {
+		return nil, errors.New("delivery: nil backend")
+	}
+	if queue == "" {
+		return nil, errors.New("delivery: empty queue name")
+	}
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	c := &Consumer{
+		queue:      queue,
+		b:          b,
+		opts:       opts,
+		log:        opts.Logger.Named("delivery").With(zap.String("queue", queue)),
+		ids:        newIDGen(),
+		owner:      newOwner(),
+		table:      map[leaseKey]*lease{},
+		handles:    map[*Handle]struct{}{},
+		pollWake:   make(chan struct{}, 1),
+		settleWake: make(chan struct{}, 1),
+		pollDone:   make(chan struct{}),
+		settleDone: make(chan struct{}),
+		closed:     make(chan struct{}),
+	}
+	if prev != nil {
+		c.pastOwners = append(c.pastOwners, prev.past...)
+		if prev.clean {
+			c.owner = prev.owner
+		} else {
+			c.pastOwners = append(c.pastOwners, prev.owner)
+		}
+		if n := len(c.pastOwners); n > maxPastOwners {
+			c.pastOwners = c.pastOwners[n-maxPastOwners:]
+		}
+	}
+	c.pollCtx, c.pollCancel = context.WithCancel(context.Background())
+	c.settleCtx, c.settleCancel = context.WithCancel(context.Background())
+	go c.pollLoop()
+	go c.settleLoop()
+	return c, nil
+}
+
+// Queue returns the KubeMQ queue name.
+func (c *Consumer) Queue() string { return c.queue }
+
+// Fetch returns 1..max leased messages as soon as at least one is available, or ctx's error.
+// Waiting Fetch calls are served in FIFO order. It fails with ErrClosed after Close, and with
+// the backend's error (wrapped in ErrLeasesLost when leases were dropped) when KubeMQ fails.
+func (c *Consumer) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
+	return c.fetch(ctx, max, nil, c.opts.Deadline)
+}
+
+func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline time.Duration) ([]*Delivery, error) {
+	if max <= 0 {
+		return nil, fmt.Errorf("delivery: Fetch max %d must be positive", max)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closing || (h != nil && h.closed) {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	w := &waiter{max: max, holder: h, deadline: deadline, done: make(chan struct{})}
+	c.waiters = append(c.waiters, w)
+	c.want += max
+	c.serveLocked(time.Now())
+	poll := !w.finished
+	c.mu.Unlock()
+	if poll {
+		wake(c.pollWake)
+	}
+	select {
+	case <-w.done:
+		return w.got, w.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !w.finished {
+		c.removeWaiterLocked(w)
+		return nil, ctx.Err()
+	}
+	if w.err != nil {
+		return nil, w.err
+	}
+	// Served while ctx ended: give the deliveries back so the next Fetch gets them.
+	c.unhandLocked(w.got)
+	c.serveLocked(time.Now())
+	return nil, ctx.Err()
+}
+
+func (c *Consumer) removeWaiterLocked(w *waiter) {
+	for i, x := range c.waiters {
+		if x == w {
+			c.waiters = append(c.waiters[:i], c.waiters[i+1:]...)
+			c.want -= w.max
+			return
+		}
+	}
+}
+
+// demandLocked is how many more messages the waiters want than the ready buffer holds.
+func (c *Consumer) demandLocked() int { return c.want - len(c.ready) }
+
+// serveLocked hands ready leases to waiters, first come first served.
+func (c *Consumer) serveLocked(now time.Time) {
+	for len(c.waiters) > 0 && len(c.ready) > 0 {
+		w := c.waiters[0]
+		k := min(w.max, len(c.ready))
+		ds := make([]*Delivery, k)
+		for i := range k {
+			ds[i] = c.handOutLocked(c.ready[i], w, now)
+			c.ready[i] = nil
+		}
+		c.ready = c.ready[k:]
+		if len(c.ready) == 0 {
+			c.ready = nil
+		}
+		c.finishWaiterLocked(w, ds, nil)
+	}
+}
+
+func (c *Consumer) finishWaiterLocked(w *waiter, ds []*Delivery, err error) {
+	c.waiters[0] = nil
+	c.waiters = c.waiters[1:]
+	c.want -= w.max
+	w.got, w.err, w.finished = ds, err, true
+	close(w.done)
+}
+
+// failWaiters ends every waiting Fetch with err.
+func (c *Consumer) failWaitersLocked(err error) {
+	for len(c.waiters) > 0 {
+		c.finishWaiterLocked(c.waiters[0], nil, err)
+	}
+	c.waiters = nil
+}
+
+func (c *Consumer) handOutLocked(l *lease, w *waiter, now time.Time) *Delivery {
+	l.state = stateOut
+	l.fresh = false
+	l.holder = w.holder
+	if w.holder != nil {
+		w.holder.leases[l.key] = l
+	}
+	var dl time.Time
+	if w.deadline > 0 {
+		dl = now.Add(w.deadline)
+		if c.heap.setDeadline(l, dl) {
+			wake(c.settleWake)
+		}
+	}
+	l.d = &Delivery{
+		LeaseID:     l.key.String(),
+		Generation:  l.gen,
+		Attempt:     int(l.attempt),
+		Deadline:    dl,
+		Redelivered: l.attempt > 1,
+		MessageID:   l.msg.ID,
+		Metadata:    l.msg.Metadata,
+		Body:        l.msg.Body,
+		Tags:        l.msg.Tags,
+		Sequence:    l.seq,
+	}
+	c.st.delivered.Add(1)
+	return l.d
+}
+
+// unhandLocked puts deliveries that never reached a client back at the front of the buffer.
+func (c *Consumer) unhandLocked(ds []*Delivery) {
+	back := make([]*lease, 0, len(ds))
+	for _, d := range ds {
+		k, _ := parseLeaseID(d.LeaseID)
+		l := c.table[k]
+		if l == nil || l.d != d || l.state != stateOut {
+			continue
+		}
+		c.heap.remove(l)
+		l.deadline = time.Time{}
+		c.unholdLocked(l)
+		l.state, l.fresh, l.d = stateBuffered, true, nil
+		back = append(back, l)
+		c.st.delivered.Add(^uint64(0))
+	}
+	c.ready = append(back, c.ready...)
+}
+
+func (c *Consumer) unholdLocked(l *lease) {
+	if l.holder != nil {
+		delete(l.holder.leases, l.key)
+		l.holder = nil
+	}
+}
+
+// removeLocked ends l.
+func (c *Consumer) removeLocked(l *lease) {
+	c.heap.remove(l)
+	c.unholdLocked(l)
+	delete(c.table, l.key)
+	if len(c.table) == 0 && c.emptyCh != nil {
+		close(c.emptyCh)
+		c.emptyCh = nil
+	}
+}
+
+// lookupLocked finds the lease behind a LeaseID; nil for unknown or malformed ids.
+func (c *Consumer) lookupLocked(id string) *lease {
+	k, ok := parseLeaseID(id)
+	if !ok {
+		return nil
+	}
+	return c.table[k]
+}
+
+// Ack settles deliveries. It reports, per id, whether the lease was live and is now acked;
+// unknown, stale, nacked or malformed ids report false.
+func (c *Consumer) Ack(ids ...string) []bool {
+	ok := make([]bool, len(ids))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, id := range ids {
+		l := c.lookupLocked(id)
+		if l == nil || l.state != stateOut {
+			continue
+		}
+		c.removeLocked(l)
+		ok[i] = true
+	}
+	c.st.acked.Add(uint64(countTrue(ok)))
+	return ok
+}
+
+func countTrue(b []bool) int {
+	n := 0
+	for _, x := range b {
+		if x {
+			n++
+		}
+	}
+	return n
+}
+
+// Nack gives a delivery back: with delay <= 0 a fresh copy (Attempt+1) is enqueued at once;
+// with delay > 0 the lease is kept and the copy enqueued when the delay has passed (retry
+// backoff; the lease record keeps it durable meanwhile). It reports false for an unknown,
+// stale or already nacked id.
+func (c *Consumer) Nack(id string, delay time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.lookupLocked(id)
+	if l == nil || l.state != stateOut {
+		return false
+	}
+	if delay <= 0 {
+		c.requeueLocked(l)
+		return true
+	}
+	l.state = stateDelayed
+	if c.heap.setDeadline(l, time.Now().Add(delay)) {
+		wake(c.settleWake)
+	}
+	return true
+}
+
+// Extend moves a delivery's deadline (modifyAckDeadline). A zero deadline removes it; a deadline
+// not after now is Nack(id, 0). It reports false for an unknown, stale or nacked id.
+func (c *Consumer) Extend(id string, deadline time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.lookupLocked(id)
+	if l == nil || l.state != stateOut {
+		return false
+	}
+	if !deadline.IsZero() && !deadline.After(time.Now()) {
+		c.requeueLocked(l)
+		return true
+	}
+	if c.heap.setDeadline(l, deadline) {
+		wake(c.settleWake)
+	}
+	return true
+}
+
+// Release gives deliveries back at once (AMQP requeue on channel close or basic.recover),
+// like Nack(id, 0). It reports, per id, whether the lease was live.
+func (c *Consumer) Release(ids ...string) []bool {
+	ok := make([]bool, len(ids))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, id := range ids {
+		l := c.lookupLocked(id)
+		if l == nil || l.state != stateOut {
+			continue
+		}
+		c.requeueLocked(l)
+		ok[i] = true
+	}
+	return ok
+}
+
+// ReleaseAll gives back every delivery of every user of this Consumer, plus the ready buffer.
+// Front-ends sharing a Consumer use Handle.ReleaseAll instead. It returns how many it released.
+func (c *Consumer) ReleaseAll() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.releaseAllLocked(false)
+}
+
+// releaseAllLocked requeues every out and buffered lease, and the delayed ones too when
+// withDelayed (Close: cutting a retry backoff short beats leaving it to a record).
+func (c *Consumer) releaseAllLocked(withDelayed bool) int {
+	n := 0
+	for _, l := range c.table {
+		if l.state == stateOut || (withDelayed && l.state == stateDelayed) {
+			c.requeueLocked(l)
+			n++
+		}
+	}
+	for _, l := range c.ready {
+		c.requeueLocked(l)
+		n++
+	}
+	c.ready = nil
+	return n
+}
+
+// requeueLocked hands l to the settler for a fresh copy.
+func (c *Consumer) requeueLocked(l *lease) {
+	c.heap.remove(l)
+	l.deadline = time.Time{}
+	l.state = stateRequeue
+	c.requeue = append(c.requeue, l)
+	wake(c.settleWake)
+}
+
+// Stats returns a snapshot of the Consumer's gauges and counters.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	s := Stats{Queue: c.queue, Leases: len(c.table), Buffered: len(c.ready), Waiters: len(c.waiters)}
+	for _, l := range c.table {
+		if l.state == stateOut {
+			s.Out++
+		}
+	}
+	c.mu.Unlock()
+	s.Gets = c.st.gets.Load()
+	s.Received = c.st.received.Load()
+	s.DuplicateSeqs = c.st.dupSeqs.Load()
+	s.Delivered = c.st.delivered.Load()
+	s.Acked = c.st.acked.Load()
+	s.Redelivered = c.st.redelivered.Load()
+	s.DroppedByHook = c.st.droppedByHook.Load()
+	s.RecordsStored = c.st.recordsStored.Load()
+	s.EntriesStored = c.st.entriesStored.Load()
+	s.RecordsReturned = c.st.recordsReturned.Load()
+	s.EntriesRearmed = c.st.rearmed.Load()
+	s.EntriesObsolete = c.st.obsolete.Load()
+	s.EntriesBounced = c.st.bounced.Load()
+	s.EntriesRecovered = c.st.recovered.Load()
+	s.RecordsCorrupt = c.st.corrupt.Load()
+	s.StoreFailures = c.st.storeFailures.Load()
+	s.LeasesLost = c.st.leasesLost.Load()
+	s.Resets = c.st.resets.Load()
+	return s
+}
+
+// Close stops the Consumer: waiting Fetch calls fail with ErrClosed, the poll loop finishes its
+// current Get and closes its stream, every lease (out, buffered, or nacked with a delay) is
+// given back as a fresh copy, and the settler stops once those copies are stored or ctx ends
+// (lease records then bring the rest back). Idempotent.
+func (c *Consumer) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closing = true
+		c.failWaitersLocked(ErrClosed)
+		c.mu.Unlock()
+		c.pollCancel()
+		<-c.pollDone
+		c.mu.Lock()
+		c.releaseAllLocked(true)
+		c.mu.Unlock()
+		c.closeErr = c.drainRequeue(ctx)
+		c.settleCancel()
+		<-c.settleDone
+		close(c.closed)
+	})
+	<-c.closed
+	return c.closeErr
+}
+
+// drainRequeue waits until the settler has enqueued every pending copy, or ctx ends.
+func (c *Consumer) drainRequeue(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		pending := 0
+		for _, l := range c.table {
+			if l.state == stateRequeue {
+				pending++
+			}
+		}
+		if c.settled == nil {
+			c.settled = make(chan struct{})
+		}
+		settled := c.settled
+		c.mu.Unlock()
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("delivery: close %s: %d redeliveries left to their lease records: %w", c.queue, pending, ctx.Err())
+		case <-settled:
+		}
+	}
+}
+
+// resetLocked drops the whole lease table after a backend failure: the records bring every
+// message back. The owner id changes, so records of the old table are recovered, not dropped.
+func (c *Consumer) resetLocked() int {
+	n := len(c.table)
+	c.pastOwners = append(c.pastOwners, c.owner)
+	if len(c.pastOwners) > maxPastOwners {
+		c.pastOwners = c.pastOwners[1:]
+	}
+	c.owner = newOwner()
+	for _, l := range c.table {
+		l.hi = -1
+	}
+	c.table = map[leaseKey]*lease{}
+	c.ready, c.heap, c.requeue = nil, nil, nil
+	for h := range c.handles {
+		clear(h.leases)
+	}
+	if c.emptyCh != nil {
+		close(c.emptyCh)
+		c.emptyCh = nil
+	}
+	c.st.resets.Add(1)
+	c.st.leasesLost.Add(uint64(n))
+	return n
+}
+
+// maxPastOwners bounds the dead incarnations a Consumer remembers.
+const maxPastOwners = 16
+
+// identity returns what the next Consumer of this queue inherits; valid after Close.
+func (c *Consumer) identity() *identity {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &identity{owner: c.owner, clean: len(c.table) == 0, past: append([]ownerID(nil), c.pastOwners...)}
+}
+
+// emptyChan returns a channel closed once the lease table is empty.
+func (c *Consumer) emptyChan() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.table) == 0 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	if c.emptyCh == nil {
+		c.emptyCh = make(chan struct{})
+	}
+	return c.emptyCh
+}
+
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func newOwner() ownerID {
+	var o ownerID
+	_, _ = cryptorand.Read(o[:]) // never fails on supported platforms (Go 1.24+)
+	return o
+}
+
+// idGen mints MessageIDs unique across processes: a random prefix per Consumer and a counter
+// (the delay machinery is keyed by MessageID server-wide, kubemq-api.md 9.1).
+type idGen struct {
+	prefix string
+	n      *atomic.Uint64
+}
+
+func newIDGen() idGen {
+	var b [8]byte
+	_, _ = cryptorand.Read(b[:])
+	return idGen{prefix: "kmqp-" + hex.EncodeToString(b[:]) + "-", n: new(atomic.Uint64)}
+}
+
+func (g idGen) next() string {
+	var buf [48]byte
+	b := append(buf[:0], g.prefix...)
+	return string(strconv.AppendUint(b, g.n.Add(1), 36))
+}

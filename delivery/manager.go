@@ -1,0 +1,317 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// closeTimeout bounds how long a Manager waits for a Consumer's redelivery copies when it
+// closes an unused Consumer.
+const closeTimeout = 30 * time.Second
+
+// maxRetired bounds the identities a Manager keeps for queues without a Consumer. Losing one
+// costs only duplicates (the next Consumer treats the old records as foreign).
+const maxRetired = 4096
+
+// Manager hands out one Consumer per queue, shared through Handles and reference counted: two
+// Consumers of one queue in one process would open two transactions on it (kubemq-api.md 8.8).
+// A Consumer whose last Handle is closed stays open while it still has live leases (acks may
+// still come, e.g. Pub/Sub's unary Acknowledge) for at most Options.Linger, then closes.
+type Manager struct {
+	b    Backend
+	opts Options
+	log  *zap.Logger
+
+	// mu guards queues, retired and closed.
+	mu      sync.Mutex
+	queues  map[string]*managed
+	retired map[string]*identity
+	closed  bool
+	wg      sync.WaitGroup // linger goroutines
+	ctx     context.Context
+	cancel  context.CancelFunc
+}
+
+// managed is one queue's Consumer and its users. Guarded by Manager.mu.
+type managed struct {
+	queue    string
+	c        *Consumer
+	refs     int
+	closing  bool
+	done     chan struct{} // closed once c is closed and forgotten
+	lingerCh chan struct{} // closed when a user comes back during linger
+}
+
+// NewManager creates a Manager whose Consumers all use opts.
+func NewManager(b Backend, opts Options) (*Manager, error) {
+	if b == nil {
+		return nil, errors.New("delivery: nil backend")
+	}
+	check := opts
+	if err := check.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{b: b, opts: opts, log: check.Logger.Named("delivery"),
+		queues: map[string]*managed{}, retired: map[string]*identity{}}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	return m, nil
+}
+
+// Acquire returns a Handle on queue's Consumer, starting it if needed. If the queue's previous
+// Consumer is still closing, Acquire waits for it (ctx bounds the wait).
+func (m *Manager) Acquire(ctx context.Context, queue string) (*Handle, error) {
+	for {
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			return nil, ErrClosed
+		}
+		e := m.queues[queue]
+		if e != nil && e.closing {
+			done := e.done
+			m.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if e == nil {
+			prev := m.retired[queue]
+			delete(m.retired, queue)
+			c, err := newConsumer(m.b, queue, m.opts, prev)
+			if err != nil {
+				m.mu.Unlock()
+				return nil, err
+			}
+			e = &managed{queue: queue, c: c, done: make(chan struct{})}
+			m.queues[queue] = e
+		}
+		e.refs++
+		if e.lingerCh != nil {
+			close(e.lingerCh)
+			e.lingerCh = nil
+		}
+		m.mu.Unlock()
+		h := &Handle{m: m, e: e, c: e.c, leases: map[leaseKey]*lease{}}
+		e.c.mu.Lock()
+		h.deadline = e.c.opts.Deadline
+		e.c.handles[h] = struct{}{}
+		e.c.mu.Unlock()
+		return h, nil
+	}
+}
+
+// Lookup returns queue's Consumer if one is open (to route an ack that arrives outside any
+// Handle), or nil.
+func (m *Manager) Lookup(queue string) *Consumer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.queues[queue]; e != nil && !e.closing {
+		return e.c
+	}
+	return nil
+}
+
+// Stats returns the stats of every open Consumer.
+func (m *Manager) Stats() []Stats {
+	m.mu.Lock()
+	cs := make([]*Consumer, 0, len(m.queues))
+	for _, e := range m.queues {
+		cs = append(cs, e.c)
+	}
+	m.mu.Unlock()
+	out := make([]Stats, len(cs))
+	for i, c := range cs {
+		out[i] = c.Stats()
+	}
+	return out
+}
+
+// release drops one user of e; the last one starts the linger.
+func (m *Manager) release(e *managed) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.refs--
+	if e.refs > 0 || e.closing || m.closed {
+		return
+	}
+	back := make(chan struct{})
+	e.lingerCh = back
+	empty := e.c.emptyChan()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTimer(m.opts.Linger)
+		if m.opts.Linger <= 0 {
+			t.Reset(10 * time.Minute)
+		}
+		defer t.Stop()
+		select {
+		case <-empty:
+		case <-t.C:
+		case <-back:
+			return
+		case <-m.ctx.Done():
+			return
+		}
+		m.retire(e)
+	}()
+}
+
+// retire closes e's Consumer unless it has users again, and keeps its identity for the next one.
+func (m *Manager) retire(e *managed) {
+	m.mu.Lock()
+	if e.refs > 0 || e.closing {
+		m.mu.Unlock()
+		return
+	}
+	e.closing = true
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := e.c.Close(ctx); err != nil {
+		m.log.Warn("close consumer", zap.String("queue", e.queue), zap.Error(err))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.queues[e.queue] == e {
+		delete(m.queues, e.queue)
+	}
+	if len(m.retired) >= maxRetired {
+		for k := range m.retired {
+			delete(m.retired, k)
+			break
+		}
+	}
+	m.retired[e.queue] = e.c.identity()
+	close(e.done)
+}
+
+// Close closes every Consumer (giving their leases back, bounded by ctx) and refuses further
+// Acquire calls. Idempotent.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	var es []*managed
+	for _, e := range m.queues {
+		if !e.closing {
+			e.closing = true
+			es = append(es, e)
+		}
+	}
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	var wg sync.WaitGroup
+	errs := make([]error, len(es))
+	for i, e := range es {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = e.c.Close(ctx)
+			m.mu.Lock()
+			if m.queues[e.queue] == e {
+				delete(m.queues, e.queue)
+			}
+			close(e.done)
+			m.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Handle is one user's share of a queue's Consumer: Fetch through it records which deliveries
+// the user holds, so ReleaseAll gives back only those (an AMQP channel closing). Ack, Nack,
+// Extend and Release work by lease id on the whole Consumer. Safe for concurrent use.
+type Handle struct {
+	m *Manager
+	e *managed
+	c *Consumer
+
+	// Guarded by c.mu.
+	leases   map[leaseKey]*lease
+	deadline time.Duration
+	closed   bool
+}
+
+// Consumer returns the shared Consumer.
+func (h *Handle) Consumer() *Consumer { return h.c }
+
+// SetDeadline sets the lease deadline of later Fetch calls through h (0 = none).
+func (h *Handle) SetDeadline(d time.Duration) {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	h.deadline = max(d, 0)
+}
+
+// Fetch is Consumer.Fetch with h's deadline, recording the deliveries as h's.
+func (h *Handle) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
+	h.c.mu.Lock()
+	closed, dl := h.closed, h.deadline
+	h.c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	return h.c.fetch(ctx, max, h, dl)
+}
+
+// Ack is Consumer.Ack.
+func (h *Handle) Ack(ids ...string) []bool { return h.c.Ack(ids...) }
+
+// Nack is Consumer.Nack.
+func (h *Handle) Nack(id string, delay time.Duration) bool { return h.c.Nack(id, delay) }
+
+// Extend is Consumer.Extend.
+func (h *Handle) Extend(id string, deadline time.Time) bool { return h.c.Extend(id, deadline) }
+
+// Release is Consumer.Release.
+func (h *Handle) Release(ids ...string) []bool { return h.c.Release(ids...) }
+
+// ReleaseAll gives back every delivery fetched through h and not yet settled. It returns how
+// many it released.
+func (h *Handle) ReleaseAll() int {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	n := 0
+	for _, l := range h.leases {
+		if l.state == stateOut {
+			h.c.requeueLocked(l)
+			n++
+		}
+	}
+	return n
+}
+
+// Close ends h: its waiting Fetch calls fail with ErrClosed; its deliveries stay leased (ack
+// them, or call ReleaseAll first). The last Handle's Close lets the Consumer close once its
+// leases are settled. Idempotent.
+func (h *Handle) Close() {
+	c := h.c
+	c.mu.Lock()
+	if h.closed {
+		c.mu.Unlock()
+		return
+	}
+	h.closed = true
+	delete(c.handles, h)
+	for i := 0; i < len(c.waiters); {
+		w := c.waiters[i]
+		if w.holder != h {
+			i++
+			continue
+		}
+		c.waiters = append(c.waiters[:i], c.waiters[i+1:]...)
+		c.want -= w.max
+		w.err, w.finished = ErrClosed, true
+		close(w.done)
+	}
+	c.mu.Unlock()
+	h.m.release(h.e)
+}

@@ -1,0 +1,485 @@
+package delivery
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+const (
+	// getWait is the wait of every Get: the server minimum (kubemq-api.md 8.2). Gets are sized so
+	// they return at once; the wait only matters for the MaxItems=1 poll of an empty queue.
+	getWait = time.Second
+	// opTimeout bounds one stream operation beyond its own wait. A stream that does not answer
+	// in time is treated as broken.
+	opTimeout = 30 * time.Second
+)
+
+// pollLoop owns the downstream stream (and so the only open transaction on the queue). It polls
+// while some Fetch waits for more than the ready buffer holds.
+func (c *Consumer) pollLoop() {
+	defer close(c.pollDone)
+	var ds Downstream
+	gets := 0
+	bo := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
+	closeStream := func() {
+		if ds == nil {
+			return
+		}
+		if err := ds.Close(); err != nil {
+			c.log.Debug("close downstream", zap.Error(err))
+		}
+		ds = nil
+	}
+	defer closeStream()
+	for {
+		demand, ok := c.awaitDemand()
+		if !ok {
+			return
+		}
+		if ds == nil {
+			var err error
+			ds, err = c.b.OpenDownstream(c.pollCtx)
+			if err != nil {
+				ds = nil
+				c.pollFailed(fmt.Errorf("delivery: open downstream for %s: %w", c.queue, err), false)
+				if !c.pause(bo.next()) {
+					return
+				}
+				continue
+			}
+			gets = 0
+		}
+		broken, err := c.pollOnce(ds, demand)
+		gets++
+		if err != nil {
+			if broken {
+				closeStream()
+			}
+			if !broken && c.pollCtx.Err() != nil {
+				return // closing; Close fails the waiters
+			}
+			c.pollFailed(err, broken)
+			if !c.pause(bo.next()) {
+				return
+			}
+			continue
+		}
+		bo.reset()
+		if gets >= c.opts.StreamRecycle {
+			closeStream()
+		}
+	}
+}
+
+// awaitDemand blocks until some Fetch wants more than the ready buffer holds. ok is false when
+// the Consumer is closing.
+func (c *Consumer) awaitDemand() (demand int, ok bool) {
+	for {
+		c.mu.Lock()
+		demand, closing := c.demandLocked(), c.closing
+		if demand <= 0 && c.idle != nil {
+			close(c.idle)
+			c.idle = nil
+		}
+		c.mu.Unlock()
+		if closing || c.pollCtx.Err() != nil {
+			return 0, false
+		}
+		if demand > 0 {
+			return demand, true
+		}
+		select {
+		case <-c.pollWake:
+		case <-c.pollCtx.Done():
+			return 0, false
+		}
+	}
+}
+
+// pause waits d, or until the Consumer closes (false).
+func (c *Consumer) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.pollCtx.Done():
+		return false
+	}
+}
+
+// pollFailed reports a failed poll to the waiting Fetch calls. A broken stream also drops the
+// lease table: the records bring every message back, and the owner id changes so they are
+// recovered rather than mistaken for settled ones.
+func (c *Consumer) pollFailed(err error, broken bool) {
+	c.mu.Lock()
+	if !broken {
+		c.failWaitersLocked(err)
+		c.mu.Unlock()
+		c.log.Warn("poll failed", zap.Error(err))
+		return
+	}
+	lost := fmt.Errorf("%w: %w", ErrLeasesLost, err)
+	n := c.resetLocked()
+	c.mu.Unlock()
+	c.log.Warn("downstream failed; lease table dropped, lease records will bring the messages back",
+		zap.Int("leases", n), zap.Error(err))
+	if c.opts.OnLeasesLost != nil {
+		c.opts.OnLeasesLost(lost, n)
+	}
+	// Waiters hear of it after the callback, so a front-end reacting to either sees both.
+	c.mu.Lock()
+	c.failWaitersLocked(lost)
+	c.mu.Unlock()
+}
+
+// pollOnce runs one Get and everything that must happen before its transaction is settled.
+// broken reports that the stream can no longer be used.
+func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) {
+	n, err := c.b.Waiting(c.pollCtx, c.queue)
+	if err != nil {
+		return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
+	}
+	maxItems := 1
+	if n > 0 {
+		maxItems = int(min(n, int64(demand), int64(c.opts.MaxBatch)))
+	}
+	// Stream operations never take the Consumer's cancellation: cancelling a stream with a Get
+	// outstanding can strand messages on the real server (kubemq-api.md 8.7).
+	opCtx := context.WithoutCancel(c.pollCtx)
+	ctx, cancel := context.WithTimeout(opCtx, getWait+opTimeout)
+	tx, msgs, err := ds.Get(ctx, c.queue, maxItems, getWait)
+	cancel()
+	c.st.gets.Add(1)
+	if err != nil {
+		return true, fmt.Errorf("delivery: get from %s: %w", c.queue, err)
+	}
+	if len(msgs) == 0 {
+		return false, nil // an empty Get completes its transaction
+	}
+	b := c.prepare(msgs, time.Now())
+	if err := c.storeRecords(b); err != nil {
+		c.st.storeFailures.Add(1)
+		ctx, cancel := context.WithTimeout(opCtx, opTimeout)
+		defer cancel()
+		if cerr := ds.CloseByClient(ctx, tx); cerr != nil {
+			return true, fmt.Errorf("delivery: give back transaction on %s after %w: %w", c.queue, err, cerr)
+		}
+		if serr := ds.Sync(ctx, tx); serr != nil {
+			return true, fmt.Errorf("delivery: sync %s: %w", c.queue, serr)
+		}
+		return false, err
+	}
+	ctx, cancel = context.WithTimeout(opCtx, opTimeout)
+	defer cancel()
+	if err := ds.AckAll(ctx, tx); err != nil {
+		return true, fmt.Errorf("delivery: ack batch on %s: %w", c.queue, err)
+	}
+	c.commit(b)
+	// The barrier keeps the next QueuesInfo from counting the batch just acked, which would
+	// size the next Get too big and make it wait the full second (kubemq-api.md 9.4 rule 4).
+	if err := ds.Sync(ctx, tx); err != nil {
+		return true, fmt.Errorf("delivery: sync %s: %w", c.queue, err)
+	}
+	return false, nil
+}
+
+// batch is what one Get turns into: new leases, re-armed and recovered ones, and the records
+// that must be stored before the transaction is acked.
+type batch struct {
+	fresh     []*lease // from data messages: buffered once committed
+	rearm     []rearm  // own live leases whose returned entry was current
+	recovered []*lease // entries of dead owners: redelivered once committed
+	records   [][]byte
+	entries   int
+	returned  int
+}
+
+type rearm struct {
+	l   *lease
+	gen uint32 // the generation the new entry carries
+}
+
+// prepare classifies a Get response. Decisions that read the lease table are taken under mu;
+// the records are encoded outside it (lease messages are immutable).
+func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
+	b := &batch{}
+	var seen map[uint64]struct{}
+	if len(msgs) > 1 {
+		seen = make(map[uint64]struct{}, len(msgs))
+	}
+	var recs []*Message
+	data := make([]*Message, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		if seen != nil && m.Sequence != 0 {
+			if _, dup := seen[m.Sequence]; dup {
+				c.st.dupSeqs.Add(1)
+				continue
+			}
+			seen[m.Sequence] = struct{}{}
+		}
+		if _, ok := m.Tags[TagRecord]; ok {
+			recs = append(recs, m)
+		} else {
+			data = append(data, m)
+		}
+	}
+	c.st.received.Add(uint64(len(data)))
+	b.returned = len(recs)
+
+	keys := randomKeys(len(data))
+	b.fresh = make([]*lease, len(data))
+	for i, m := range data {
+		b.fresh[i] = newLease(keys[i], m)
+	}
+
+	w := recordWriter{maxBytes: c.opts.MaxRecordBytes}
+	addEntry := func(owner ownerID, l *lease, gen uint32, exp int64) {
+		w.add(&recordEntry{owner: owner, lease: l.key, gen: gen, attempt: l.attempt, expiresAt: exp, msg: &l.msg})
+		b.entries++
+	}
+	delay := c.opts.RecordDelay
+	fresh := now.Add(2 * delay).UnixMilli()
+
+	c.mu.Lock()
+	owner := c.owner
+	type pending struct {
+		l   *lease
+		gen uint32
+		exp int64
+	}
+	var rearms []pending
+	var bounce [][]byte
+	var recover []entry
+	for _, r := range recs {
+		es, err := decodeRecord(r.Body)
+		if err != nil {
+			c.st.corrupt.Add(1)
+			c.log.Error("dropping undecodable part of a lease record", zap.String("id", r.ID), zap.Error(err))
+		}
+		for i := range es {
+			e := &es[i]
+			switch {
+			case e.owner == owner:
+				l := c.table[e.lease]
+				if l == nil || l.gen != e.gen {
+					c.st.obsolete.Add(1)
+					continue
+				}
+				rearms = append(rearms, pending{l, l.gen + 1, c.expiresAtLocked(l, now)})
+			case c.pastOwnerLocked(e.owner) || now.UnixMilli() >= e.expiresAt+delay.Milliseconds():
+				recover = append(recover, *e)
+			default:
+				bounce = append(bounce, e.raw)
+			}
+		}
+	}
+	c.mu.Unlock()
+
+	for _, l := range b.fresh {
+		addEntry(owner, l, l.gen, fresh)
+	}
+	for _, p := range rearms {
+		addEntry(owner, p.l, p.gen, p.exp)
+		b.rearm = append(b.rearm, rearm{p.l, p.gen})
+	}
+	if len(recover) > 0 {
+		rk := randomKeys(len(recover))
+		for i := range recover {
+			m := recover[i].message()
+			l := newLease(rk[i], &m)
+			l.attempt = recover[i].attempt
+			l.state, l.fresh = stateRequeue, false
+			b.recovered = append(b.recovered, l)
+			addEntry(owner, l, l.gen, fresh)
+		}
+	}
+	for _, raw := range bounce {
+		w.addRaw(raw, nil)
+		b.entries++
+	}
+	b.records = w.finish()
+	c.st.recordsReturned.Add(uint64(len(recs)))
+	c.st.rearmed.Add(uint64(len(rearms)))
+	c.st.bounced.Add(uint64(len(bounce)))
+	c.st.recovered.Add(uint64(len(recover)))
+	return b
+}
+
+// randomKeys mints n lease keys with one crypto/rand read.
+func randomKeys(n int) []leaseKey {
+	if n == 0 {
+		return nil
+	}
+	buf := make([]byte, n*len(leaseKey{}))
+	_, _ = cryptorand.Read(buf) // never fails on supported platforms (Go 1.24+)
+	keys := make([]leaseKey, n)
+	for i := range keys {
+		copy(keys[i][:], buf[i*len(leaseKey{}):])
+	}
+	return keys
+}
+
+// newLease makes a buffered lease from a received data message, taking the attempt and the
+// original id from the reserved tags and removing them.
+func newLease(k leaseKey, m *Message) *lease {
+	l := &lease{key: k, gen: 1, attempt: 1, hi: -1, fresh: true, seq: m.Sequence}
+	l.msg = Message{ID: m.ID, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags}
+	reserved := false
+	for k := range m.Tags {
+		if len(k) >= len(reservedPrefix) && k[:len(reservedPrefix)] == reservedPrefix {
+			reserved = true
+			break
+		}
+	}
+	if !reserved {
+		return l
+	}
+	tags := make(map[string]string, len(m.Tags))
+	for k, v := range m.Tags {
+		switch {
+		case k == TagAttempt:
+			if a, err := strconv.ParseUint(v, 10, 32); err == nil && a > 0 {
+				l.attempt = uint32(a)
+			}
+		case k == TagMessageID:
+			l.msg.ID = v
+		case len(k) >= len(reservedPrefix) && k[:len(reservedPrefix)] == reservedPrefix:
+		default:
+			tags[k] = v
+		}
+	}
+	if len(tags) == 0 {
+		tags = nil
+	}
+	l.msg.Tags = tags
+	return l
+}
+
+// expiresAtLocked is the time after which another owner may redeliver l: its deadline when it
+// has one, else two record delays ahead (a lease without deadline is re-armed every delay).
+func (c *Consumer) expiresAtLocked(l *lease, now time.Time) int64 {
+	if (l.state == stateOut || l.state == stateDelayed) && !l.deadline.IsZero() {
+		return l.deadline.UnixMilli()
+	}
+	return now.Add(2 * c.opts.RecordDelay).UnixMilli()
+}
+
+func (c *Consumer) pastOwnerLocked(o ownerID) bool {
+	for _, p := range c.pastOwners {
+		if p == o {
+			return true
+		}
+	}
+	return false
+}
+
+// storeRecords stores every record of b, retrying failures with fresh ids until StoreTimeout.
+func (c *Consumer) storeRecords(b *batch) error {
+	if len(b.records) == 0 {
+		return nil
+	}
+	msgs := make([]Message, len(b.records))
+	for i, body := range b.records {
+		msgs[i] = Message{
+			ID:           c.ids.next(),
+			Body:         body,
+			Tags:         map[string]string{TagRecord: recordVersion},
+			DelaySeconds: int(c.opts.RecordDelay / time.Second),
+		}
+	}
+	ctx, cancel := context.WithTimeout(c.pollCtx, c.opts.StoreTimeout)
+	defer cancel()
+	if err := c.sendAll(ctx, msgs); err != nil {
+		return fmt.Errorf("delivery: store lease record on %s: %w", c.queue, err)
+	}
+	c.st.recordsStored.Add(uint64(len(msgs)))
+	c.st.entriesStored.Add(uint64(b.entries))
+	return nil
+}
+
+// sendAll stores msgs, resending the failed ones under fresh ids (a failure may hide a stored
+// copy, and a repeated id in the delay machinery loses a message) until ctx ends or a
+// failure is not retryable.
+func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
+	bo := backoff{min: 20 * time.Millisecond, max: time.Second}
+	for {
+		res, err := c.b.Send(ctx, c.queue, msgs)
+		if err == nil {
+			var failed []Message
+			for i, e := range res {
+				if e == nil {
+					continue
+				}
+				if !c.b.Retryable(e) {
+					return e
+				}
+				err = e
+				m := msgs[i]
+				m.ID = c.ids.next()
+				failed = append(failed, m)
+			}
+			if len(failed) == 0 {
+				return nil
+			}
+			msgs = failed
+		} else if !c.b.Retryable(err) {
+			return err
+		}
+		t := time.NewTimer(bo.next())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// commit makes a stored batch live: new leases join the ready buffer and are handed to the
+// waiters, re-armed leases take their new generation, recovered ones go to the settler.
+func (c *Consumer) commit(b *batch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range b.rearm {
+		if c.table[r.l.key] == r.l && r.l.gen == r.gen-1 {
+			r.l.gen = r.gen
+		}
+	}
+	for _, l := range b.fresh {
+		c.table[l.key] = l
+	}
+	c.ready = append(c.ready, b.fresh...)
+	for _, l := range b.recovered {
+		c.table[l.key] = l
+		c.requeue = append(c.requeue, l)
+	}
+	if len(b.recovered) > 0 {
+		wake(c.settleWake)
+	}
+	c.serveLocked(time.Now())
+}
+
+// backoff is exponential with full jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	}
+	d := b.cur/2 + rand.N(b.cur/2+1)
+	b.cur = min(b.cur*2, b.max)
+	return d
+}
+
+func (b *backoff) reset() { b.cur = 0 }

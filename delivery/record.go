@@ -1,0 +1,286 @@
+package delivery
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Reserved tags (see the package documentation).
+const (
+	TagRecord    = "_kmqp_record"
+	TagAttempt   = "_kmqp_attempt"
+	TagMessageID = "_kmqp_msgid"
+
+	reservedPrefix = "_kmqp_"
+	recordVersion  = "1"
+)
+
+// ownerID identifies one incarnation of a Consumer's lease table: random per Consumer start and
+// renewed whenever the table is dropped, so "owner is me and the lease is unknown" always means
+// "settled" (never "forgotten").
+type ownerID [16]byte
+
+// leaseKey is the random identity of one delivery; LeaseID is its text form.
+type leaseKey [16]byte
+
+// A lease record's body is a sequence of entries, each prefixed by its length (uvarint) so a
+// reader can skip fields it does not know and bounce an entry byte for byte:
+//
+//	owner [16] | lease [16] | gen uvarint | attempt uvarint | expiresAt varint (Unix ms) |
+//	id, metadata, body: uvarint length + bytes each | tag count uvarint |
+//	per tag: key, value as uvarint length + bytes
+//
+// There is no header: the version lives in the TagRecord value.
+
+// entryFixed is the size of the fixed part of an entry (owner and lease).
+const entryFixed = 32
+
+// minEntry is the smallest well-formed entry: fixed part, gen, attempt, expiresAt, three empty
+// strings and a zero tag count.
+const minEntry = entryFixed + 7
+
+// entry is one decoded lease-record entry. The message fields are decoded lazily (message)
+// because most entries are dropped or bounced unread.
+type entry struct {
+	owner     ownerID
+	lease     leaseKey
+	gen       uint32
+	attempt   uint32
+	expiresAt int64  // Unix ms
+	raw       []byte // the whole encoded entry, length prefix included
+	msg       []byte // the encoded message fields (id .. tags), validated
+}
+
+// recordEntry is what the writer encodes.
+type recordEntry struct {
+	owner     ownerID
+	lease     leaseKey
+	gen       uint32
+	attempt   uint32
+	expiresAt int64
+	msg       *Message // ID, Metadata, Body, Tags are written
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
+func strLen(n int) int { return uvarintLen(uint64(n)) + n }
+
+// entrySize is the encoded size of e without its length prefix.
+func (e *recordEntry) size() int {
+	n := entryFixed + uvarintLen(uint64(e.gen)) + uvarintLen(uint64(e.attempt)) +
+		uvarintLen(zigzag(e.expiresAt)) +
+		strLen(len(e.msg.ID)) + strLen(len(e.msg.Metadata)) + strLen(len(e.msg.Body)) +
+		uvarintLen(uint64(len(e.msg.Tags)))
+	for k, v := range e.msg.Tags {
+		n += strLen(len(k)) + strLen(len(v))
+	}
+	return n
+}
+
+func zigzag(v int64) uint64 { return uint64(v<<1) ^ uint64(v>>63) }
+
+func appendEntry(b []byte, e *recordEntry) []byte {
+	b = binary.AppendUvarint(b, uint64(e.size()))
+	b = append(b, e.owner[:]...)
+	b = append(b, e.lease[:]...)
+	b = binary.AppendUvarint(b, uint64(e.gen))
+	b = binary.AppendUvarint(b, uint64(e.attempt))
+	b = binary.AppendVarint(b, e.expiresAt)
+	b = appendStr(b, e.msg.ID)
+	b = appendStr(b, e.msg.Metadata)
+	b = binary.AppendUvarint(b, uint64(len(e.msg.Body)))
+	b = append(b, e.msg.Body...)
+	b = binary.AppendUvarint(b, uint64(len(e.msg.Tags)))
+	for k, v := range e.msg.Tags {
+		b = appendStr(b, k)
+		b = appendStr(b, v)
+	}
+	return b
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// recordWriter packs entries into record bodies of at most maxBytes each (an entry larger than
+// that gets a record of its own).
+type recordWriter struct {
+	maxBytes int
+	bodies   [][]byte
+	cur      []byte
+}
+
+func (w *recordWriter) add(e *recordEntry) {
+	w.addRaw(nil, e)
+}
+
+// addRaw appends raw (an encoded entry, bounced unchanged) or, when raw is nil, e.
+func (w *recordWriter) addRaw(raw []byte, e *recordEntry) {
+	n := len(raw)
+	if raw == nil {
+		s := e.size()
+		n = uvarintLen(uint64(s)) + s
+	}
+	if len(w.cur) > 0 && len(w.cur)+n > w.maxBytes {
+		w.bodies = append(w.bodies, w.cur)
+		w.cur = nil
+	}
+	if w.cur == nil {
+		w.cur = make([]byte, 0, min(max(n, w.maxBytes), max(n, 64<<10)))
+	}
+	if raw != nil {
+		w.cur = append(w.cur, raw...)
+	} else {
+		w.cur = appendEntry(w.cur, e)
+	}
+}
+
+// finish returns every record body written.
+func (w *recordWriter) finish() [][]byte {
+	if len(w.cur) > 0 {
+		w.bodies = append(w.bodies, w.cur)
+		w.cur = nil
+	}
+	b := w.bodies
+	w.bodies = nil
+	return b
+}
+
+var errRecord = errors.New("delivery: malformed lease record")
+
+// decodeRecord parses a record body. Entries before a malformed one are returned with the
+// error, so one corrupt entry does not cost the others. Every length is checked against the
+// bytes left before anything is sliced or allocated.
+func decodeRecord(body []byte) ([]entry, error) {
+	out := make([]entry, 0, min(len(body)/minEntry, 1024))
+	for off := 0; off < len(body); {
+		n, k := binary.Uvarint(body[off:])
+		if k <= 0 || n > uint64(len(body)-off-k) {
+			return out, fmt.Errorf("%w: entry at byte %d: bad length", errRecord, off)
+		}
+		raw := body[off : off+k+int(n)]
+		e, err := decodeEntry(raw[k:])
+		if err != nil {
+			return out, fmt.Errorf("%w: entry at byte %d: %v", errRecord, off, err)
+		}
+		e.raw = raw
+		out = append(out, e)
+		off += len(raw)
+	}
+	return out, nil
+}
+
+func decodeEntry(b []byte) (entry, error) {
+	var e entry
+	if len(b) < entryFixed {
+		return e, errors.New("short entry")
+	}
+	copy(e.owner[:], b[:16])
+	copy(e.lease[:], b[16:32])
+	r := reader{b: b[32:]}
+	gen := r.uvarint()
+	att := r.uvarint()
+	e.expiresAt = r.varint()
+	if r.err != nil {
+		return e, r.err
+	}
+	if gen > math.MaxUint32 || att > math.MaxUint32 || att == 0 {
+		return e, errors.New("generation or attempt out of range")
+	}
+	e.gen, e.attempt = uint32(gen), uint32(att)
+	start := r.off
+	r.bytes() // id
+	r.bytes() // metadata
+	r.bytes() // body
+	nt := r.uvarint()
+	if r.err == nil && nt > uint64(len(r.b)-r.off)/2 {
+		return e, errors.New("tag count exceeds entry")
+	}
+	for i := uint64(0); i < nt && r.err == nil; i++ {
+		r.bytes()
+		r.bytes()
+	}
+	if r.err != nil {
+		return e, r.err
+	}
+	// Bytes after the known fields are ignored: room for later versions.
+	e.msg = r.b[start:r.off]
+	return e, nil
+}
+
+// message decodes the entry's message fields (validated by decodeRecord). Body aliases the
+// record's buffer.
+func (e *entry) message() Message {
+	r := reader{b: e.msg}
+	var m Message
+	m.ID = string(r.bytes())
+	m.Metadata = string(r.bytes())
+	if b := r.bytes(); len(b) > 0 {
+		m.Body = b[:len(b):len(b)]
+	}
+	if nt := r.uvarint(); nt > 0 {
+		m.Tags = make(map[string]string, nt)
+		for i := uint64(0); i < nt; i++ {
+			k := string(r.bytes())
+			m.Tags[k] = string(r.bytes())
+		}
+	}
+	return m
+}
+
+// reader reads uvarint-framed fields, remembering the first error.
+type reader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, k := binary.Uvarint(r.b[r.off:])
+	if k <= 0 {
+		r.err = errors.New("bad varint")
+		return 0
+	}
+	r.off += k
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, k := binary.Varint(r.b[r.off:])
+	if k <= 0 {
+		r.err = errors.New("bad varint")
+		return 0
+	}
+	r.off += k
+	return v
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)-r.off) {
+		r.err = errors.New("field length exceeds entry")
+		return nil
+	}
+	b := r.b[r.off : r.off+int(n)]
+	r.off += int(n)
+	return b
+}

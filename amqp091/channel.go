@@ -1,0 +1,294 @@
+package amqp091
+
+import (
+	"errors"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/delivery"
+)
+
+// command is one client method for a channel, with its content.
+type command struct {
+	m        wire.Method
+	props    *wire.Properties
+	body     []byte
+	tooLarge uint64 // body size of a message dropped for exceeding MaxBodySize
+}
+
+// channelQueue is how many commands the reader may queue ahead of a
+// channel before it waits.
+const channelQueue = 512
+
+// channel is one AMQP channel. Its goroutine (run) handles the client's
+// methods in order and owns the fields marked below; consumer goroutines
+// deliver concurrently under dmu.
+type channel struct {
+	c    *conn
+	id   uint16
+	log  *zap.Logger
+	cmds chan command
+	done chan struct{} // closed when run has returned
+	wake chan struct{} // cap 1: posted work or confirms are waiting
+
+	postMu sync.Mutex // guards posted
+	posted []func()
+
+	// Owned by run.
+	closing          bool // channel.close sent, waiting for close-ok
+	finished         bool
+	lastQueue        string
+	consumers        map[string]*consumer
+	consumerPrefetch uint16 // basic.qos global=false: for consumers created later
+	confirm          bool
+	tx               *txState
+	handles          map[*queue]*delivery.Handle
+	scratch          []string // routing buffer
+
+	// Delivery bookkeeping, shared with consumer goroutines.
+	dmu            sync.Mutex // guards the fields below
+	nextTag        uint64
+	unacked        map[uint64]*unacked
+	order          []uint64 // delivery tags in delivery order; settled ones are skipped
+	globalPrefetch uint16   // basic.qos global=true: limit for the whole channel
+	stopped        bool     // no more deliveries (closing)
+
+	confirms confirmTracker
+}
+
+// unacked is one delivery the client has not settled yet.
+type unacked struct {
+	d      *delivery.Delivery
+	h      *delivery.Handle
+	cons   *consumer // nil for basic.get
+	queue  *queue
+	tag    uint64
+	settle bool // settled, waiting to be removed from order
+}
+
+func newChannel(c *conn, id uint16) *channel {
+	ch := &channel{
+		c: c, id: id, log: c.log.With(zap.Uint16("channel", id)),
+		cmds: make(chan command, channelQueue), done: make(chan struct{}), wake: make(chan struct{}, 1),
+		consumers: map[string]*consumer{}, handles: map[*queue]*delivery.Handle{}, unacked: map[uint64]*unacked{},
+	}
+	ch.confirms.ch = ch
+	return ch
+}
+
+// post runs f on the channel's goroutine, after the command in progress.
+// It never blocks, so other goroutines (a queue deletion, a confirm) may
+// call it while holding their own locks.
+func (ch *channel) post(f func()) {
+	ch.postMu.Lock()
+	ch.posted = append(ch.posted, f)
+	ch.postMu.Unlock()
+	ch.signal()
+}
+
+func (ch *channel) signal() {
+	select {
+	case ch.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (ch *channel) runPosted() {
+	ch.postMu.Lock()
+	fs := ch.posted
+	ch.posted = nil
+	ch.postMu.Unlock()
+	for _, f := range fs {
+		if ch.finished {
+			return
+		}
+		f()
+	}
+}
+
+func (ch *channel) run() {
+	ch.c.srv.m.channels.Inc()
+	defer ch.c.srv.m.channels.Dec()
+	defer close(ch.done)
+	defer ch.shutdown()
+	for !ch.finished {
+		select {
+		case cmd := <-ch.cmds:
+			ch.handle(cmd)
+		case <-ch.wake:
+			ch.runPosted()
+			ch.confirms.emit()
+		case <-ch.c.ctx.Done():
+			return
+		}
+	}
+}
+
+// send queues a method for the client on this channel.
+func (ch *channel) send(m wire.Method) { ch.c.w.method(ch.id, m) }
+
+// handle runs one command and turns its error into a channel or
+// connection exception.
+func (ch *channel) handle(cmd command) {
+	if ch.closing {
+		switch cmd.m.(type) {
+		case *wire.ChannelCloseOk:
+			ch.finished = true
+		case *wire.ChannelClose:
+			ch.send(&wire.ChannelCloseOk{})
+			ch.finished = true
+		}
+		return // everything else is discarded until the close completes
+	}
+	err := ch.dispatch(cmd)
+	if err == nil {
+		return
+	}
+	e := asAMQP(err)
+	if e.Class == 0 && e.Method == 0 {
+		e.OnMethod(cmd.m.ClassID(), cmd.m.MethodID())
+	}
+	if e.Hard {
+		ch.c.fail(e)
+		return
+	}
+	ch.log.Debug("channel error", zap.Uint16("code", e.Code), zap.String("text", e.Text))
+	ch.shutdown()
+	ch.closing = true
+	ch.send(e.CloseMethod())
+}
+
+func (ch *channel) dispatch(cmd command) error {
+	switch m := cmd.m.(type) {
+	case *wire.ChannelClose:
+		ch.shutdown()
+		ch.send(&wire.ChannelCloseOk{})
+		ch.finished = true
+		return nil
+	case *wire.ChannelCloseOk:
+		return nil
+	case *wire.ChannelFlow:
+		if !m.Active {
+			return wire.NotImplemented("active=false")
+		}
+		ch.send(&wire.ChannelFlowOk{Active: true})
+		return nil
+	case *wire.ChannelFlowOk:
+		return nil
+
+	case *wire.ExchangeDeclare:
+		return ch.exchangeDeclare(m)
+	case *wire.ExchangeDelete:
+		return ch.exchangeDelete(m)
+	case *wire.ExchangeBind:
+		return ch.exchangeBind(m)
+	case *wire.ExchangeUnbind:
+		return ch.exchangeUnbind(m)
+
+	case *wire.QueueDeclare:
+		return ch.queueDeclare(m)
+	case *wire.QueueBind:
+		return ch.queueBind(m)
+	case *wire.QueueUnbind:
+		return ch.queueUnbind(m)
+	case *wire.QueuePurge:
+		return ch.queuePurge(m)
+	case *wire.QueueDelete:
+		return ch.queueDelete(m)
+
+	case *wire.BasicPublish:
+		return ch.publish(m, cmd)
+	case *wire.BasicQos:
+		return ch.qos(m)
+	case *wire.BasicConsume:
+		return ch.consume(m)
+	case *wire.BasicCancel:
+		return ch.cancel(m)
+	case *wire.BasicGet:
+		return ch.get(m)
+	case *wire.BasicAck:
+		return ch.ack(m.DeliveryTag, m.Multiple)
+	case *wire.BasicNack:
+		return ch.nack(m.DeliveryTag, m.Multiple, m.Requeue)
+	case *wire.BasicReject:
+		return ch.nack(m.DeliveryTag, false, m.Requeue)
+	case *wire.BasicRecover:
+		if err := ch.recover(m.Requeue); err != nil {
+			return err
+		}
+		ch.send(&wire.BasicRecoverOk{})
+		return nil
+	case *wire.BasicRecoverAsync:
+		return ch.recover(m.Requeue)
+
+	case *wire.ConfirmSelect:
+		return ch.confirmSelect(m)
+	case *wire.TxSelect:
+		return ch.txSelect()
+	case *wire.TxCommit:
+		return ch.txCommit()
+	case *wire.TxRollback:
+		return ch.txRollback()
+	}
+	return wire.CommandInvalid("unexpected method %s", cmd.m.Name())
+}
+
+// shutdown stops everything the channel does for the client: consumers
+// end, unsettled deliveries go back to their queues, the lease handles
+// close and pending confirms are dropped. It is idempotent.
+func (ch *channel) shutdown() {
+	for tag, cs := range ch.consumers {
+		ch.stopConsumer(cs)
+		delete(ch.consumers, tag)
+	}
+	ch.dmu.Lock()
+	ch.stopped = true
+	ch.unacked = map[uint64]*unacked{}
+	ch.order = nil
+	ch.dmu.Unlock()
+	for q, h := range ch.handles {
+		h.ReleaseAll()
+		h.Close()
+		delete(ch.handles, q)
+	}
+	ch.confirms.close()
+	ch.tx = nil
+}
+
+// handle returns the channel's lease handle on q, acquiring it once.
+func (ch *channel) handleFor(q *queue) (*delivery.Handle, error) {
+	if h := ch.handles[q]; h != nil {
+		return h, nil
+	}
+	h, err := ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
+	if err != nil {
+		if errors.Is(err, delivery.ErrClosed) {
+			return nil, errShutdown()
+		}
+		return nil, err
+	}
+	ch.handles[q] = h
+	return h, nil
+}
+
+// queueFor resolves the queue a method names, applying RabbitMQ's
+// shortcut (an empty name is the channel's last declared queue) and its
+// exclusive-access check.
+func (ch *channel) queueFor(name string) (*queue, error) {
+	if name == "" {
+		if ch.lastQueue == "" {
+			return nil, wire.NotFound("no previously declared queue")
+		}
+		name = ch.lastQueue
+	}
+	q := ch.c.vh.lookupQueue(name)
+	if q == nil {
+		return nil, errNoQueue(name, ch.c.vhostName)
+	}
+	if !q.accessibleBy(ch.c) {
+		return nil, errLocked(name, ch.c.vhostName)
+	}
+	return q, nil
+}

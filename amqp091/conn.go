@@ -1,0 +1,636 @@
+package amqp091
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+)
+
+const (
+	// closeOkTimeout bounds the wait for the peer's close-ok after the
+	// server sent connection.close.
+	closeOkTimeout = 3 * time.Second
+	// channelStopTimeout bounds how long a closing connection waits for its
+	// channels to give their deliveries back.
+	channelStopTimeout = 10 * time.Second
+)
+
+// conn is one AMQP connection.
+//
+// Goroutines: serve (the reader) owns the channel table and the content
+// assembly state; the writer owns the socket's write side; each channel has
+// its own goroutine (so a slow KubeMQ call on one channel never blocks
+// another), and each consumer one more. Close state is guarded by closeMu
+// because any of them may raise a connection error.
+type conn struct {
+	srv    *Server
+	nc     net.Conn
+	id     uint64
+	log    *zap.Logger
+	ctx    context.Context // ends with the connection; bounds all work done for it
+	cancel context.CancelFunc
+
+	// Set by the handshake, read-only afterwards.
+	user         string
+	vhostName    string // as the client named it, for error texts
+	vh           *vhost
+	frameMax     uint32
+	channelMax   uint16
+	heartbeat    time.Duration
+	cancelNotify bool // client understands server-sent basic.cancel
+	clientName   string
+	w            *writer
+
+	// Owned by serve.
+	fr       *wire.FrameReader
+	channels map[uint16]*slot
+
+	closeMu   sync.Mutex // guards closing, reason, closeSent
+	closing   bool
+	closeSent bool
+	reason    string
+
+	chWG sync.WaitGroup // channel goroutines
+
+	ownedMu sync.Mutex // guards owned
+	owned   map[*queue]struct{}
+}
+
+// slot is the reader's view of one open channel: the channel and the
+// content being assembled on it.
+type slot struct {
+	ch        *channel
+	pub       *wire.BasicPublish // a publish waiting for its content
+	hdr       wire.ContentHeader
+	haveHdr   bool
+	body      []byte
+	remaining uint64
+	tooLarge  uint64 // declared size of a body being discarded
+}
+
+func newConn(s *Server, nc net.Conn, id uint64) *conn {
+	c := &conn{srv: s, nc: nc, id: id, channels: map[uint16]*slot{}, owned: map[*queue]struct{}{}}
+	c.ctx, c.cancel = context.WithCancel(s.ctx)
+	c.log = s.log.With(zap.Uint64("conn", id), zap.String("remote", nc.RemoteAddr().String()))
+	return c
+}
+
+// errDone ends the read loop after an orderly close.
+var errDone = errors.New("connection done")
+
+// serve runs the connection to its end.
+func (c *conn) serve() {
+	defer c.teardown()
+	c.nc.SetDeadline(time.Now().Add(c.srv.opts.HandshakeTimeout))
+	if err := wire.ReadProtocolHeader(c.nc); err != nil {
+		var he *wire.ProtocolHeaderError
+		if errors.As(err, &he) {
+			// Tell the peer what we speak, as RabbitMQ does, and hang up.
+			c.nc.Write(wire.ProtocolHeader[:])
+			c.setReason("unsupported protocol header %q", he.Got[:])
+		} else {
+			c.setReason("no protocol header: %v", err)
+		}
+		return
+	}
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	// Until tuned, accept frames up to our own limit: start-ok carries the
+	// client's properties, which may exceed the 4096-byte minimum.
+	c.fr = wire.NewFrameReader(br, uint32(c.srv.opts.FrameMax))
+	bw := bufio.NewWriterSize(c.nc, 4096)
+	hw := wire.NewFrameWriter(bw, uint32(c.srv.opts.FrameMax))
+	if err := c.handshake(hw); err != nil {
+		var e *wire.Error
+		if errors.As(err, &e) && e.Hard {
+			c.closeDuringHandshake(hw, e)
+		}
+		c.setReason("handshake: %v", err)
+		return
+	}
+	c.nc.SetDeadline(time.Time{})
+	c.fr.SetFrameMax(c.frameMax)
+	c.w = newWriter(c.nc, c.frameMax)
+	go c.w.run(c.heartbeat)
+	c.srv.m.connections.Inc()
+	defer c.srv.m.connections.Dec()
+	c.log.Info("connection open", zap.String("user", c.user), zap.String("vhost", c.vhostName),
+		zap.String("client", c.clientName), zap.Duration("heartbeat", c.heartbeat))
+	c.readLoop()
+}
+
+func (c *conn) setReason(format string, args ...any) {
+	c.closeMu.Lock()
+	if c.reason == "" {
+		c.reason = fmt.Sprintf(format, args...)
+	}
+	c.closeMu.Unlock()
+}
+
+func (c *conn) isClosing() bool {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	return c.closing
+}
+
+// readMethod reads the next method frame on channel 0 during the
+// handshake, skipping heartbeats.
+func (c *conn) readMethod() (wire.Method, error) {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case f.Type == wire.FrameHeartbeat:
+			continue
+		case f.Type != wire.FrameMethod || f.Channel != 0:
+			return nil, wire.CommandInvalid("%s before the connection was open", f)
+		}
+		return wire.DecodeMethod(f.Payload)
+	}
+}
+
+func (c *conn) serverProperties() wire.Table {
+	o := &c.srv.opts
+	return wire.Table{
+		"product":      o.Product,
+		"version":      o.Version,
+		"platform":     "Go",
+		"cluster_name": o.ClusterName,
+		"copyright":    "kubemq-proxy contributors",
+		"information":  "kubemq-proxy: AMQP 0-9-1 front-end storing every message in KubeMQ",
+		// Only what the proxy honours: no connection.blocked (never sent),
+		// no consumer priorities, no direct reply-to.
+		"capabilities": wire.Table{
+			"publisher_confirms":           true,
+			"exchange_exchange_bindings":   true,
+			"basic.nack":                   true,
+			"consumer_cancel_notify":       true,
+			"authentication_failure_close": true,
+			"per_consumer_qos":             true,
+		},
+	}
+}
+
+func (c *conn) handshake(hw *wire.FrameWriter) error {
+	o := &c.srv.opts
+	write := func(m wire.Method) error {
+		if err := hw.WriteMethod(0, m); err != nil {
+			return err
+		}
+		return hw.Flush()
+	}
+	if err := write(&wire.ConnectionStart{VersionMajor: 0, VersionMinor: 9, ServerProperties: c.serverProperties(),
+		Mechanisms: mechanisms, Locales: "en_US"}); err != nil {
+		return err
+	}
+	m, err := c.readMethod()
+	if err != nil {
+		return err
+	}
+	so, ok := m.(*wire.ConnectionStartOk)
+	if !ok {
+		return wire.CommandInvalid("expected 'connection.start_ok', got '%s'", m.Name())
+	}
+	caps, _ := so.ClientProperties["capabilities"].(wire.Table)
+	c.cancelNotify, _ = caps["consumer_cancel_notify"].(bool)
+	authFailureClose, _ := caps["authentication_failure_close"].(bool)
+	c.clientName, _ = so.ClientProperties["connection_name"].(string)
+	if c.clientName == "" {
+		c.clientName, _ = so.ClientProperties["product"].(string)
+	}
+	user, password, known := parseLogin(so.Mechanism, so.Response)
+	if !known {
+		return wire.CommandInvalid("unknown authentication mechanism '%s'", so.Mechanism)
+	}
+	if !c.srv.users.check(user, password) {
+		c.log.Warn("login refused", zap.String("user", user), zap.String("mechanism", so.Mechanism))
+		e := wire.AccessRefused("Login was refused using authentication mechanism %s. For details see the broker logfile.", so.Mechanism)
+		e.Hard = true
+		if !authFailureClose {
+			// Clients without the capability expect the socket to drop.
+			return fmt.Errorf("login refused for user %q", user)
+		}
+		return e
+	}
+	c.user = user
+	if err := c.srv.ready(); err != nil {
+		c.log.Warn("refusing connection: KubeMQ unavailable", zap.Error(err))
+		return errBackendDown(err.Error())
+	}
+	if err := write(&wire.ConnectionTune{ChannelMax: uint16(o.ChannelMax), FrameMax: uint32(o.FrameMax),
+		Heartbeat: uint16(o.Heartbeat / time.Second)}); err != nil {
+		return err
+	}
+	m, err = c.readMethod()
+	if err != nil {
+		return err
+	}
+	to, ok := m.(*wire.ConnectionTuneOk)
+	if !ok {
+		return wire.CommandInvalid("expected 'connection.tune_ok', got '%s'", m.Name())
+	}
+	if err := c.negotiate(to); err != nil {
+		return err
+	}
+	m, err = c.readMethod()
+	if err != nil {
+		return err
+	}
+	op, ok := m.(*wire.ConnectionOpen)
+	if !ok {
+		return wire.CommandInvalid("expected 'connection.open', got '%s'", m.Name())
+	}
+	if !c.srv.vhostAllowed(op.VirtualHost) {
+		return wire.NotAllowed("vhost %s not found", op.VirtualHost)
+	}
+	c.vhostName = op.VirtualHost
+	c.vh = c.srv.top.vhost(vhostKey(op.VirtualHost))
+	return write(&wire.ConnectionOpenOk{})
+}
+
+// negotiate applies tune-ok as RabbitMQ does: 0 from the client means the
+// server's value; more than the server offered, or a frame_max below the
+// spec minimum, is refused.
+func (c *conn) negotiate(to *wire.ConnectionTuneOk) error {
+	o := &c.srv.opts
+	fm := to.FrameMax
+	switch {
+	case fm == 0:
+		fm = uint32(o.FrameMax)
+	case fm < wire.FrameMinSize:
+		return wire.NotAllowed("frame_max=%d < %d min size", fm, wire.FrameMinSize)
+	case fm > uint32(o.FrameMax):
+		return wire.NotAllowed("negotiated frame_max = %d is higher than the maximum allowed value (%d)", fm, o.FrameMax)
+	}
+	cm := to.ChannelMax
+	switch {
+	case cm == 0:
+		cm = uint16(o.ChannelMax)
+	case int(cm) > o.ChannelMax:
+		return wire.NotAllowed("negotiated channel_max = %d is higher than the maximum allowed value (%d)", cm, o.ChannelMax)
+	}
+	c.frameMax, c.channelMax = fm, cm
+	c.heartbeat = time.Duration(to.Heartbeat) * time.Second
+	return nil
+}
+
+// closeDuringHandshake sends connection.close and waits briefly for close-ok.
+func (c *conn) closeDuringHandshake(hw *wire.FrameWriter, e *wire.Error) {
+	c.nc.SetDeadline(time.Now().Add(closeOkTimeout))
+	if hw.WriteMethod(0, e.CloseMethod()) != nil || hw.Flush() != nil {
+		return
+	}
+	for {
+		m, err := c.readMethod()
+		if err != nil {
+			return
+		}
+		if _, ok := m.(*wire.ConnectionCloseOk); ok {
+			return
+		}
+	}
+}
+
+// fail closes the connection with a hard error, from any goroutine: it
+// sends connection.close, stops every channel, and lets the reader wait a
+// little for the peer's close-ok. Later calls do nothing.
+func (c *conn) fail(e *wire.Error) {
+	c.closeMu.Lock()
+	if c.closing {
+		c.closeMu.Unlock()
+		return
+	}
+	c.closing, c.closeSent = true, true
+	if c.reason == "" {
+		c.reason = e.Text
+	}
+	c.closeMu.Unlock()
+	c.log.Info("closing connection", zap.Uint16("code", e.Code), zap.String("text", e.Text))
+	c.cancel()
+	// A peer that stopped reading must not hold the close up for long.
+	c.nc.SetWriteDeadline(time.Now().Add(closeOkTimeout))
+	c.w.method(0, e.CloseMethod())
+	c.nc.SetReadDeadline(time.Now().Add(closeOkTimeout))
+}
+
+func (c *conn) readLoop() {
+	hbTimeout := 2 * c.heartbeat
+	var armedAt time.Time
+	for {
+		if hbTimeout > 0 && !c.isClosing() {
+			// Resetting the deadline on every frame is wasted work; a
+			// quarter of the timeout is precise enough.
+			if now := time.Now(); now.Sub(armedAt) > hbTimeout/4 {
+				c.nc.SetReadDeadline(now.Add(hbTimeout))
+				armedAt = now
+			}
+		}
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.readFailed(err, hbTimeout)
+			return
+		}
+		if c.isClosing() {
+			if c.closingFrame(f) {
+				return
+			}
+			continue
+		}
+		if err := c.handleFrame(f); err != nil {
+			if err == errDone {
+				return
+			}
+			c.fail(asAMQP(err))
+		}
+	}
+}
+
+func (c *conn) readFailed(err error, hbTimeout time.Duration) {
+	var e *wire.Error
+	switch {
+	case c.isClosing():
+	case errors.As(err, &e):
+		c.fail(e)
+		// The stream can no longer be parsed: give the peer a moment to read
+		// the close, then hang up.
+		c.drainUntilClosed()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.setReason("missed heartbeats from client, timeout: %v", hbTimeout)
+		c.log.Warn("missed heartbeats from client", zap.Duration("timeout", hbTimeout))
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		c.setReason("client closed the socket")
+	default:
+		c.setReason("read: %v", err)
+	}
+}
+
+// drainUntilClosed reads and discards until the peer hangs up or the close
+// deadline passes.
+func (c *conn) drainUntilClosed() {
+	io.Copy(io.Discard, c.nc)
+}
+
+// closingFrame handles a frame after connection.close was sent or
+// received; it reports whether the connection is finished.
+func (c *conn) closingFrame(f wire.Frame) bool {
+	if f.Type != wire.FrameMethod || f.Channel != 0 {
+		return false
+	}
+	m, err := wire.DecodeMethod(f.Payload)
+	if err != nil {
+		return false
+	}
+	switch m.(type) {
+	case *wire.ConnectionCloseOk:
+		return true
+	case *wire.ConnectionClose:
+		c.w.method(0, &wire.ConnectionCloseOk{})
+		return true
+	}
+	return false
+}
+
+func (c *conn) handleFrame(f wire.Frame) error {
+	switch f.Type {
+	case wire.FrameHeartbeat:
+		if f.Channel != 0 {
+			return wire.FrameError("heartbeat frame on channel %d", f.Channel)
+		}
+		return nil
+	case wire.FrameMethod:
+		m, err := wire.DecodeMethod(f.Payload)
+		if err != nil {
+			return err
+		}
+		if f.Channel == 0 {
+			return c.handleConnectionMethod(m)
+		}
+		return c.handleChannelMethod(f.Channel, m)
+	case wire.FrameHeader:
+		return c.handleHeader(f)
+	case wire.FrameBody:
+		return c.handleBody(f)
+	}
+	return wire.FrameError("unknown frame type %d", f.Type)
+}
+
+func (c *conn) handleConnectionMethod(m wire.Method) error {
+	switch m := m.(type) {
+	case *wire.ConnectionClose:
+		c.closeMu.Lock()
+		c.closing = true
+		if c.reason == "" {
+			c.reason = fmt.Sprintf("client closed the connection: %d %s", m.ReplyCode, m.ReplyText)
+		}
+		c.closeMu.Unlock()
+		// Channels give their deliveries back before the close-ok, so a
+		// client that reconnects at once finds them again.
+		c.cancel()
+		waitTimeout(&c.chWG, channelStopTimeout)
+		c.w.method(0, &wire.ConnectionCloseOk{})
+		return errDone
+	case *wire.ConnectionCloseOk:
+		return errDone
+	case *wire.ConnectionUpdateSecret:
+		// Secrets are not tokens here: accept, as RabbitMQ does for
+		// backends that do not use them.
+		c.w.method(0, &wire.ConnectionUpdateSecretOk{})
+		return nil
+	case *wire.ConnectionBlocked, *wire.ConnectionUnblocked:
+		return nil
+	}
+	if m.ClassID() != wire.ClassConnection {
+		return wire.CommandInvalid("method %s on channel 0", m.Name()).OnMethod(m.ClassID(), m.MethodID())
+	}
+	return wire.CommandInvalid("unexpected method %s", m.Name()).OnMethod(m.ClassID(), m.MethodID())
+}
+
+func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
+	if info := wire.LookupMethod(m.ClassID(), m.MethodID()); info == nil || !info.ToServer || m.ClassID() == wire.ClassConnection {
+		return wire.CommandInvalid("method %s is not allowed from a client on channel %d", m.Name(), id).OnMethod(m.ClassID(), m.MethodID())
+	}
+	s := c.channels[id]
+	if s == nil {
+		switch m.(type) {
+		case *wire.ChannelOpen:
+			if id > c.channelMax {
+				return wire.ChannelError("channel %d exceeds the negotiated channel_max (%d)", id, c.channelMax).OnMethod(m.ClassID(), m.MethodID())
+			}
+			c.openChannel(id)
+			return nil
+		case *wire.ChannelCloseOk:
+			return nil // a close-ok crossing our own close of the channel
+		}
+		return wire.ChannelError("expected 'channel.open'").OnMethod(m.ClassID(), m.MethodID())
+	}
+	if _, ok := m.(*wire.ChannelOpen); ok {
+		return wire.ChannelError("second 'channel.open' seen").OnMethod(m.ClassID(), m.MethodID())
+	}
+	if s.pub != nil {
+		if s.haveHdr {
+			return wire.UnexpectedFrame("expected content body, got non content body frame instead")
+		}
+		return wire.UnexpectedFrame("expected content header for class 60, got non content header frame instead")
+	}
+	if pub, ok := m.(*wire.BasicPublish); ok {
+		s.pub = pub
+		return nil
+	}
+	c.dispatch(s, command{m: m})
+	switch m.(type) {
+	case *wire.ChannelClose, *wire.ChannelCloseOk:
+		// The channel finishes its close; the number is free again.
+		delete(c.channels, id)
+	}
+	return nil
+}
+
+func (c *conn) handleHeader(f wire.Frame) error {
+	s := c.channels[f.Channel]
+	if s == nil || s.pub == nil || s.haveHdr {
+		return wire.UnexpectedFrame("expected method frame, got non method frame instead")
+	}
+	size, ok := wire.ContentBodySize(f.Payload)
+	if ok && size > uint64(c.srv.opts.MaxBodySize) {
+		// Discard the body as it comes; the channel reports the error.
+		s.tooLarge = size
+	} else {
+		h, err := wire.DecodeContentHeader(f.Payload)
+		if err != nil {
+			return err
+		}
+		s.hdr = h
+	}
+	s.haveHdr = true
+	s.remaining = size
+	if s.tooLarge == 0 {
+		s.body = make([]byte, 0, min(size, uint64(c.frameMax)))
+	}
+	if size == 0 {
+		c.completeContent(s)
+	}
+	return nil
+}
+
+func (c *conn) handleBody(f wire.Frame) error {
+	s := c.channels[f.Channel]
+	if s == nil || s.pub == nil || !s.haveHdr {
+		return wire.UnexpectedFrame("expected method frame, got non method frame instead")
+	}
+	n := uint64(len(f.Payload))
+	if n > s.remaining {
+		return wire.UnexpectedFrame("content body frames exceed the declared body size")
+	}
+	if s.tooLarge == 0 {
+		s.body = append(s.body, f.Payload...)
+	}
+	s.remaining -= n
+	if s.remaining == 0 {
+		c.completeContent(s)
+	}
+	return nil
+}
+
+func (c *conn) completeContent(s *slot) {
+	cmd := command{m: s.pub, body: s.body, tooLarge: s.tooLarge}
+	if s.tooLarge == 0 {
+		props := s.hdr.Properties
+		cmd.props = &props
+	}
+	s.pub, s.haveHdr, s.body, s.remaining, s.tooLarge = nil, false, nil, 0, 0
+	s.hdr = wire.ContentHeader{}
+	c.dispatch(s, cmd)
+}
+
+// dispatch hands a command to its channel. It blocks while the channel's
+// queue is full: that is TCP back-pressure on a client that outruns its
+// channel.
+func (c *conn) dispatch(s *slot, cmd command) {
+	select {
+	case s.ch.cmds <- cmd:
+	case <-s.ch.done:
+	case <-c.ctx.Done():
+	}
+}
+
+func (c *conn) openChannel(id uint16) {
+	ch := newChannel(c, id)
+	c.channels[id] = &slot{ch: ch}
+	c.chWG.Add(1)
+	go func() {
+		defer c.chWG.Done()
+		ch.run()
+	}()
+	c.w.method(id, &wire.ChannelOpenOk{})
+}
+
+// own records an exclusive queue, deleted when the connection ends.
+func (c *conn) own(q *queue) {
+	c.ownedMu.Lock()
+	c.owned[q] = struct{}{}
+	c.ownedMu.Unlock()
+}
+
+func (c *conn) disown(q *queue) {
+	c.ownedMu.Lock()
+	delete(c.owned, q)
+	c.ownedMu.Unlock()
+}
+
+func (c *conn) teardown() {
+	c.cancel()
+	if !waitTimeout(&c.chWG, channelStopTimeout) {
+		c.log.Warn("channels did not stop in time")
+	}
+	c.ownedMu.Lock()
+	owned := make([]*queue, 0, len(c.owned))
+	for q := range c.owned {
+		owned = append(owned, q)
+	}
+	c.owned = nil
+	c.ownedMu.Unlock()
+	for _, q := range owned {
+		c.srv.dropQueue(q, "exclusive owner closed")
+	}
+	if c.w != nil {
+		c.w.finish(closeOkTimeout)
+	}
+	c.nc.Close()
+	c.closeMu.Lock()
+	reason := c.reason
+	c.closeMu.Unlock()
+	if c.w != nil {
+		c.log.Info("connection closed", zap.String("reason", reason))
+	} else {
+		c.log.Debug("connection closed before it opened", zap.String("reason", reason))
+	}
+	c.srv.forget(c)
+}
+
+// waitTimeout waits for wg at most d; it reports whether wg finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

@@ -1,0 +1,164 @@
+package amqp091
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/url"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// env is one proxy front-end on 127.0.0.1:0 in front of the test KubeMQ
+// (embedded strict server, or $KUBEMQ_ADDRESS), with its own registry
+// channel and a virtual host unique to the test, so runs against a shared
+// KubeMQ never see each other's queues.
+type env struct {
+	t       *testing.T
+	addr    string
+	kubemq  string
+	vhost   string
+	srv     *Server
+	kc      *kubemqclient.Client
+	reg     *registry.Registry
+	regChan string
+	ready   atomic.Pointer[error]
+	log     *zap.Logger
+	stopFn  func()
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newEnv(t *testing.T, opts ...func(*Options)) *env {
+	t.Helper()
+	e := &env{t: t, kubemq: kubemqtest.Address(t), vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
+	e.log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	e.start(opts...)
+	return e
+}
+
+// start (re)creates client, registry and server; used again by restart tests.
+func (e *env) start(opts ...func(*Options)) {
+	t := e.t
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: e.kubemq, Logger: e.log.Named("kubemq")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kc.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.Open(ctx, registry.Options{Client: kc, Channel: e.regChan, Logger: e.log.Named("registry")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Client: kc, Registry: reg, Logger: e.log, ReadyCheck: 50 * time.Millisecond,
+		Ready: func() error {
+			if p := e.ready.Load(); p != nil {
+				return *p
+			}
+			return nil
+		}}
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	e.addr, e.srv, e.kc, e.reg = lis.Addr().String(), srv, kc, reg
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			buf := make([]byte, 1<<20)
+			t.Errorf("Shutdown: %v\n%s", err, buf[:runtime.Stack(buf, true)])
+		}
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		reg.Close()
+		kc.Close()
+	}
+	e.stopFn = stop
+	t.Cleanup(stop)
+}
+
+// url is the AMQP URL of the env's vhost.
+func (e *env) url() string {
+	return "amqp://guest:guest@" + e.addr + "/" + url.PathEscape(e.vhost)
+}
+
+func (e *env) dial() *amqp.Connection {
+	e.t.Helper()
+	c, err := amqp.Dial(e.url())
+	if err != nil {
+		e.t.Fatalf("dial: %v", err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (e *env) channel(c *amqp.Connection) *amqp.Channel {
+	e.t.Helper()
+	ch, err := c.Channel()
+	if err != nil {
+		e.t.Fatalf("channel: %v", err)
+	}
+	return ch
+}
+
+// amqpCode returns the reply code of an *amqp.Error, or 0.
+func amqpCode(err error) int {
+	var e *amqp.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return 0
+}
+
+func mustRecv[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v, ok := <-c:
+		if !ok {
+			t.Fatalf("%s: channel closed", what)
+		}
+		return v
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s: timed out", what)
+	}
+	var zero T
+	return zero
+}

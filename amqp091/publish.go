@@ -1,0 +1,432 @@
+package amqp091
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/routing"
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// publish routes one message and stores a copy in every queue it reaches.
+func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
+	c := ch.c
+	if m.Immediate {
+		return wire.NotImplemented("immediate=true")
+	}
+	if cmd.tooLarge > 0 {
+		return wire.PreconditionFailed("message size %d is larger than configured max size %d", cmd.tooLarge, c.srv.opts.MaxBodySize)
+	}
+	props := cmd.props
+	if props.Flags&wire.FlagUserID != 0 && props.UserID != c.user {
+		return wire.PreconditionFailed("user_id property set to '%s' but authenticated user was '%s'", props.UserID, c.user)
+	}
+	var ttl time.Duration
+	if props.Flags&wire.FlagExpiration != 0 {
+		ms, reason := parseExpiration(props.Expiration)
+		if reason != "" {
+			return wire.PreconditionFailed("invalid expiration '%s': %s", props.Expiration, reason)
+		}
+		ttl = time.Duration(ms) * time.Millisecond
+	}
+	routes, err := c.vh.routes.Route(m.Exchange, m.RoutingKey, props.Headers, ch.scratch[:0])
+	ch.scratch = routes[:0]
+	switch {
+	case errors.Is(err, routing.ErrNoExchange):
+		return errNoExchange(m.Exchange, c.vhostName)
+	case errors.Is(err, routing.ErrInternal):
+		return wire.AccessRefused("cannot publish to internal %s", rsExchange(m.Exchange, c.vhostName))
+	}
+	c.srv.m.published.Inc()
+	if len(routes) == 0 {
+		c.srv.m.unroutable.Inc()
+		if m.Mandatory {
+			ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicReturn{ReplyCode: wire.ReplyNoRoute, ReplyText: "NO_ROUTE",
+				Exchange: m.Exchange, RoutingKey: m.RoutingKey}, props: props, body: cmd.body})
+		}
+		if ch.confirm {
+			ch.confirms.complete(ch.confirms.next(), true)
+		}
+		return nil
+	}
+	meta, tags, err := encodeMessage(m.Exchange, m.RoutingKey, props)
+	if err != nil {
+		return wire.PreconditionFailed("cannot store message: %v", err)
+	}
+	msgs := make([]kubemqclient.QueueMessage, 0, len(routes))
+	for _, name := range routes {
+		q := c.vh.lookupQueue(name)
+		if q == nil {
+			continue // deleted while routing
+		}
+		msgs = append(msgs, kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: cmd.body, Tags: tags,
+			Policy: kubemqclient.QueuePolicy{Expiration: ttl}})
+	}
+	if ch.tx != nil {
+		ch.tx.msgs = append(ch.tx.msgs, msgs...)
+		return nil
+	}
+	var done *pubDone
+	if ch.confirm {
+		seq := ch.confirms.next()
+		if len(msgs) == 0 {
+			ch.confirms.complete(seq, true)
+			return nil
+		}
+		t := &ch.confirms
+		done = newPubDone(len(msgs), func(ok bool) { t.complete(seq, ok) })
+	}
+	c.srv.m.routed.Add(float64(len(msgs)))
+	for i := range msgs {
+		if !c.srv.pub.submit(c.ctx, msgs[i], done) {
+			return errShutdown()
+		}
+	}
+	return nil
+}
+
+// parseExpiration checks the expiration property as RabbitMQ does
+// (rabbit_basic:parse_expiration): a decimal count of milliseconds.
+func parseExpiration(s string) (int64, string) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err != nil:
+		// Erlang's string:to_integer: leading digits then garbage is
+		// leftover_string, no digits at all is no_integer.
+		i := 0
+		if i < len(s) && (s[i] == '-' || s[i] == '+') {
+			i++
+		}
+		j := i
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if j == i {
+			return 0, "no_integer"
+		}
+		return 0, "{leftover_string,\"" + s[j:] + "\"}"
+	case n < 0:
+		return 0, "{value_negative," + s + "}"
+	case n > 1<<32-1:
+		return 0, "{value_too_large," + s + "}"
+	}
+	return n, ""
+}
+
+// pubDone counts the copies of one publish still being stored; fn runs
+// once, when the last is, with whether all of them were.
+type pubDone struct {
+	n      atomic.Int32
+	failed atomic.Bool
+	fn     func(ok bool)
+}
+
+func newPubDone(n int, fn func(ok bool)) *pubDone {
+	d := &pubDone{fn: fn}
+	d.n.Store(int32(n))
+	return d
+}
+
+func (d *pubDone) resolve(ok bool) {
+	if d == nil {
+		return
+	}
+	if !ok {
+		d.failed.Store(true)
+	}
+	if d.n.Add(-1) == 0 {
+		d.fn(!d.failed.Load())
+	}
+}
+
+// confirmTracker turns store completions into basic.ack / basic.nack in
+// sequence order, folding runs into one multiple=true frame. complete may
+// be called from any goroutine; next and emit only from the channel's.
+type confirmTracker struct {
+	ch *channel
+
+	mu     sync.Mutex // guards the fields below
+	closed bool
+	last   uint64          // last sequence number handed out
+	acked  uint64          // every sequence number up to this one was confirmed
+	done   map[uint64]bool // completed and not yet confirmed: ok or not
+}
+
+func (t *confirmTracker) next() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.last++
+	return t.last
+}
+
+func (t *confirmTracker) complete(seq uint64, ok bool) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	if t.done == nil {
+		t.done = map[uint64]bool{}
+	}
+	t.done[seq] = ok
+	ready := seq == t.acked+1
+	t.mu.Unlock()
+	if ready {
+		t.ch.signal()
+	}
+}
+
+// emit sends what the completions so far allow.
+func (t *confirmTracker) emit() {
+	var out []wire.Method
+	t.mu.Lock()
+	for !t.closed {
+		first, ok := t.done[t.acked+1]
+		if !ok {
+			break
+		}
+		end := t.acked + 1
+		delete(t.done, end)
+		for {
+			v, ok := t.done[end+1]
+			if !ok || v != first {
+				break
+			}
+			end++
+			delete(t.done, end)
+		}
+		multiple := end > t.acked+1
+		t.acked = end
+		if first {
+			out = append(out, &wire.BasicAck{DeliveryTag: end, Multiple: multiple})
+		} else {
+			out = append(out, &wire.BasicNack{DeliveryTag: end, Multiple: multiple})
+		}
+	}
+	t.mu.Unlock()
+	for _, m := range out {
+		t.ch.send(m)
+		if _, ok := m.(*wire.BasicAck); ok {
+			t.ch.c.srv.m.confirms.WithLabelValues("ack").Inc()
+		} else {
+			t.ch.c.srv.m.confirms.WithLabelValues("nack").Inc()
+		}
+	}
+}
+
+func (t *confirmTracker) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.done = nil
+	t.mu.Unlock()
+}
+
+func (ch *channel) confirmSelect(m *wire.ConfirmSelect) error {
+	if ch.tx != nil {
+		return wire.PreconditionFailed("cannot switch from tx to confirm mode")
+	}
+	ch.confirm = true
+	if !m.NoWait {
+		ch.send(&wire.ConfirmSelectOk{})
+	}
+	return nil
+}
+
+// publisher stores published copies in KubeMQ in batches. Copies are
+// spread over lanes by KubeMQ queue, so the copies of one queue keep their
+// order (one batch in flight per lane) while different queues proceed in
+// parallel.
+type publisher struct {
+	b        backend
+	log      *zap.Logger
+	maxBatch int
+	maxBytes int
+	lanes    []chan pubItem
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	failures func() // counts a failed copy (metrics)
+}
+
+type pubItem struct {
+	msg  kubemqclient.QueueMessage
+	done *pubDone
+}
+
+const (
+	publishLanes     = 4
+	publishLaneQueue = 2048
+	// publishBatchBytes keeps one batch well inside KubeMQ's 100 MiB gRPC
+	// message limit; a single bigger message goes alone.
+	publishBatchBytes = 8 << 20
+)
+
+func newPublisher(b backend, log *zap.Logger, maxBatch int, failures func()) *publisher {
+	p := &publisher{b: b, log: log, maxBatch: maxBatch, maxBytes: publishBatchBytes, stop: make(chan struct{}), failures: failures}
+	for range publishLanes {
+		in := make(chan pubItem, publishLaneQueue)
+		p.lanes = append(p.lanes, in)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.run(in)
+		}()
+	}
+	return p
+}
+
+func (p *publisher) lane(channel string) chan pubItem {
+	h := fnv.New32a()
+	h.Write([]byte(channel))
+	return p.lanes[h.Sum32()%uint32(len(p.lanes))]
+}
+
+// submit queues one copy; it waits while the lane is full (back-pressure
+// on the publishing channel) and gives up when ctx ends.
+func (p *publisher) submit(ctx context.Context, m kubemqclient.QueueMessage, done *pubDone) bool {
+	select {
+	case p.lane(m.Channel) <- pubItem{m, done}:
+		return true
+	case <-ctx.Done():
+		done.resolve(false)
+		return false
+	}
+}
+
+func itemSize(m *kubemqclient.QueueMessage) int {
+	n := len(m.Body) + len(m.Metadata) + len(m.Channel) + 64
+	for k, v := range m.Tags {
+		n += len(k) + len(v) + 4
+	}
+	return n
+}
+
+func (p *publisher) run(in chan pubItem) {
+	batch := make([]kubemqclient.QueueMessage, 0, p.maxBatch)
+	dones := make([]*pubDone, 0, p.maxBatch)
+	for {
+		var it pubItem
+		select {
+		case it = <-in:
+		case <-p.stop:
+			// Store what is already queued, then leave.
+			for {
+				select {
+				case it = <-in:
+					batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
+					p.send(batch, dones)
+				default:
+					return
+				}
+			}
+		}
+		batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
+		size := itemSize(&it.msg)
+	fill:
+		for len(batch) < p.maxBatch && size < p.maxBytes {
+			select {
+			case it = <-in:
+				batch, dones = append(batch, it.msg), append(dones, it.done)
+				size += itemSize(&it.msg)
+			default:
+				break fill
+			}
+		}
+		p.send(batch, dones)
+		clear(batch)
+		clear(dones)
+	}
+}
+
+func (p *publisher) send(batch []kubemqclient.QueueMessage, dones []*pubDone) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	results, err := p.b.SendQueueMessages(ctx, batch)
+	cancel()
+	if err != nil {
+		p.log.Warn("storing published messages failed", zap.Int("messages", len(batch)), zap.Error(err))
+	}
+	for i, d := range dones {
+		ok := err == nil && i < len(results) && results[i].Err == nil
+		if !ok {
+			p.failures()
+			if err == nil && i < len(results) {
+				p.log.Warn("storing a published message failed", zap.String("queue", batch[i].Channel), zap.Error(results[i].Err))
+			}
+		}
+		d.resolve(ok)
+	}
+}
+
+// close stores what is queued and stops the lanes.
+func (p *publisher) close() {
+	close(p.stop)
+	p.wg.Wait()
+}
+
+// txState buffers a transactional channel's work until tx.commit: routed
+// copies to store and settlements to apply. Commit is not atomic across
+// queues: copies are stored in batches, and a failure leaves the ones
+// already stored in place.
+type txState struct {
+	msgs    []kubemqclient.QueueMessage
+	settles []*unacked // acked (requeue=false) or nacked inside the transaction
+	requeue []bool
+}
+
+func (ch *channel) txSelect() error {
+	if ch.confirm {
+		return wire.PreconditionFailed("cannot switch from confirm to tx mode")
+	}
+	if ch.tx == nil {
+		ch.tx = &txState{}
+	}
+	ch.send(&wire.TxSelectOk{})
+	return nil
+}
+
+func (ch *channel) txCommit() error {
+	if ch.tx == nil {
+		return wire.PreconditionFailed("channel is not transactional")
+	}
+	tx := ch.tx
+	ch.tx = &txState{}
+	if len(tx.msgs) > 0 {
+		res := make(chan bool, 1)
+		done := newPubDone(len(tx.msgs), func(ok bool) { res <- ok })
+		for i := range tx.msgs {
+			if !ch.c.srv.pub.submit(ch.c.ctx, tx.msgs[i], done) {
+				return errShutdown()
+			}
+		}
+		select {
+		case ok := <-res:
+			if !ok {
+				return wire.InternalError("tx.commit: KubeMQ did not store every message")
+			}
+		case <-ch.c.ctx.Done():
+			return errShutdown()
+		}
+	}
+	ch.settle(tx.settles, tx.requeue)
+	ch.send(&wire.TxCommitOk{})
+	return nil
+}
+
+func (ch *channel) txRollback() error {
+	if ch.tx == nil {
+		return wire.PreconditionFailed("channel is not transactional")
+	}
+	// Settlements made inside the transaction are undone: the deliveries
+	// are unacknowledged again.
+	ch.restore(ch.tx.settles)
+	ch.tx = &txState{}
+	ch.send(&wire.TxRollbackOk{})
+	return nil
+}

@@ -1,0 +1,445 @@
+package amqp091
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/delivery"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// Options configure New. Client is required; everything else has a
+// default.
+type Options struct {
+	Client *kubemqclient.Client
+	// Registry keeps durable exchanges, queues and bindings, shared by
+	// replicas. nil keeps them in memory only (tests).
+	Registry *registry.Registry
+	// Deliveries is the lease engine. nil builds one from Client (closed by
+	// Shutdown).
+	Deliveries *delivery.Manager
+	Logger     *zap.Logger
+	Metrics    prometheus.Registerer
+	// Ready reports nil while KubeMQ is reachable (and the registry
+	// replayed). While it fails, new connections are refused and open ones
+	// closed with 320 CONNECTION_FORCED. nil: always ready.
+	Ready func() error
+
+	// Heartbeat proposed in connection.tune; default 60s, negative disables.
+	Heartbeat time.Duration
+	// FrameMax proposed in connection.tune; default 131072 (RabbitMQ's).
+	FrameMax int
+	// ChannelMax proposed in connection.tune; default 2047.
+	ChannelMax int
+	// Users maps user names to passwords, plain or "sha256:<hex>". Empty
+	// accepts any credentials.
+	Users map[string]string
+	// Vhosts lists the virtual hosts clients may open; empty allows any.
+	// "/" and "default" name the same one.
+	Vhosts []string
+	// MaxBodySize is the largest message body accepted; default 64 MiB
+	// (KubeMQ caps a whole gRPC message at 100 MiB).
+	MaxBodySize int
+	// MaxConnections caps open connections; 0 = no cap.
+	MaxConnections int
+	// HandshakeTimeout bounds protocol header through connection.open;
+	// default 10s (RabbitMQ's).
+	HandshakeTimeout time.Duration
+	// PublishBatch is the most messages one KubeMQ batch carries; default 500.
+	PublishBatch int
+	// Product, Version and ClusterName go into the server properties.
+	// Product defaults to "RabbitMQ" and Version to "3.10.8": some clients
+	// (kombu, Spring AMQP) choose RabbitMQ's QoS meaning and features from
+	// them, and the proxy implements RabbitMQ's semantics.
+	Product, Version, ClusterName string
+	// ReadyCheck is how often Ready is polled; default 1s.
+	ReadyCheck time.Duration
+}
+
+func (o *Options) setDefaults() error {
+	if o.Client == nil {
+		return errors.New("amqp091: Options.Client is required")
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = 60 * time.Second
+	}
+	if o.Heartbeat < 0 {
+		o.Heartbeat = 0
+	}
+	if o.Heartbeat > 65535*time.Second {
+		return fmt.Errorf("amqp091: heartbeat %v above 65535s", o.Heartbeat)
+	}
+	if o.FrameMax == 0 {
+		o.FrameMax = 131072
+	}
+	if o.FrameMax < 4096 {
+		return fmt.Errorf("amqp091: frame_max %d below 4096", o.FrameMax)
+	}
+	if o.ChannelMax == 0 {
+		o.ChannelMax = 2047
+	}
+	if o.ChannelMax < 1 || o.ChannelMax > 65535 {
+		return fmt.Errorf("amqp091: channel_max %d outside 1..65535", o.ChannelMax)
+	}
+	if o.MaxBodySize == 0 {
+		o.MaxBodySize = 64 << 20
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.PublishBatch <= 0 {
+		o.PublishBatch = 500
+	}
+	if o.Product == "" {
+		o.Product = "RabbitMQ"
+	}
+	if o.Version == "" {
+		o.Version = "3.10.8"
+	}
+	if o.ClusterName == "" {
+		o.ClusterName = "kubemq-proxy"
+	}
+	if o.ReadyCheck <= 0 {
+		o.ReadyCheck = time.Second
+	}
+	return users(o.Users).validate()
+}
+
+// backend is what the front-end asks of KubeMQ directly (the lease engine
+// and the registry have their own). *kubemqclient.Client implements it.
+type backend interface {
+	SendQueueMessages(ctx context.Context, msgs []kubemqclient.QueueMessage) ([]kubemqclient.SendResult, error)
+	QueuesInfo(ctx context.Context, names ...string) (kubemqclient.QueuesInfo, error)
+	AckAllQueueMessages(ctx context.Context, channel string, wait time.Duration) (uint64, error)
+}
+
+// Server is the AMQP 0-9-1 front-end. It implements the proxy's Frontend
+// (Name, Serve, Shutdown); Serve accepts plain or TLS listeners alike.
+type Server struct {
+	opts          Options
+	log           *zap.Logger
+	b             backend
+	deliveries    *delivery.Manager
+	ownDeliveries bool
+	users         users
+	vhosts        map[string]bool
+	top           *topology
+	pub           *publisher
+	m             *metrics
+	unwatch       func()
+	ctx           context.Context // ends at Shutdown
+	cancel        context.CancelFunc
+	nextID        atomic.Uint64
+
+	mu        sync.Mutex // guards listeners, conns, closed, downSince
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	closed    bool
+	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops
+	downErr   error
+}
+
+// New builds a Server; it does not listen until Serve.
+func New(opts Options) (*Server, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts: opts, log: opts.Logger.Named("amqp091"), b: opts.Client, deliveries: opts.Deliveries,
+		users: users(opts.Users), listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+		m: newMetrics(opts.Metrics),
+	}
+	if len(opts.Vhosts) > 0 {
+		s.vhosts = map[string]bool{}
+		for _, v := range opts.Vhosts {
+			s.vhosts[vhostKey(v)] = true
+		}
+	}
+	if s.deliveries == nil {
+		m, err := delivery.NewManager(engineBackend{opts.Client}, delivery.Options{Logger: opts.Logger})
+		if err != nil {
+			return nil, err
+		}
+		s.deliveries, s.ownDeliveries = m, true
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.top = newTopology(s, opts.Registry, s.log)
+	s.unwatch = s.top.watch()
+	s.top.load()
+	s.pub = newPublisher(s.b, s.log, opts.PublishBatch, func() { s.m.storeFailures.Inc() })
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchReady()
+	}()
+	return s, nil
+}
+
+// Name is the front-end's name.
+func (s *Server) Name() string { return "amqp091" }
+
+// Serve accepts connections on lis until Shutdown. It returns nil after
+// Shutdown and the listener's error otherwise.
+func (s *Server) Serve(lis net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		lis.Close()
+		return nil
+	}
+	s.listeners[lis] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, lis)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := lis.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.accept(nc)
+	}
+}
+
+func (s *Server) accept(nc net.Conn) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if s.opts.MaxConnections > 0 && len(s.conns) >= s.opts.MaxConnections {
+		s.mu.Unlock()
+		s.log.Warn("connection refused: connection limit reached", zap.Int("limit", s.opts.MaxConnections))
+		nc.Close()
+		return
+	}
+	c := newConn(s, nc, s.nextID.Add(1))
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+	}()
+}
+
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// Shutdown stops accepting, closes every connection with 320
+// CONNECTION_FORCED (their deliveries go back to the queues), stores what
+// was published and stops. It waits for all of it or ctx.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for lis := range s.listeners {
+		lis.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.shutdown(errShutdown())
+	}
+	s.cancel() // the readiness watcher, and any work still bound to a connection
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	s.unwatch()
+	s.pub.close()
+	if s.ownDeliveries {
+		if cerr := s.deliveries.Close(ctx); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// shutdown closes a connection from outside: with connection.close when it
+// is open, by hanging up when it is still in its handshake.
+func (c *conn) shutdown(e *wire.Error) {
+	if c.w == nil {
+		c.setReason("%s", e.Text)
+		c.nc.Close()
+		return
+	}
+	c.fail(e)
+}
+
+func (s *Server) ready() error {
+	if s.opts.Ready == nil {
+		return nil
+	}
+	return s.opts.Ready()
+}
+
+func (s *Server) vhostAllowed(name string) bool {
+	return s.vhosts == nil || s.vhosts[vhostKey(name)]
+}
+
+// watchReady closes every connection with 320 when KubeMQ becomes
+// unreachable, as RabbitMQ does when it loses its store: clients reconnect
+// (and are refused until it is back); nothing they were told is stored is
+// lost, and unacknowledged deliveries come back through their lease records.
+func (s *Server) watchReady() {
+	if s.opts.Ready == nil {
+		return
+	}
+	t := time.NewTicker(s.opts.ReadyCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := s.opts.Ready()
+		if err == nil {
+			s.mu.Lock()
+			if s.downErr != nil {
+				s.log.Info("KubeMQ reachable again: accepting connections")
+			}
+			s.downErr = nil
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Lock()
+		first := s.downErr == nil
+		s.downErr = err
+		conns := make([]*conn, 0, len(s.conns))
+		for c := range s.conns {
+			conns = append(conns, c)
+		}
+		s.mu.Unlock()
+		if first {
+			s.log.Warn("KubeMQ unreachable: closing AMQP connections", zap.Int("connections", len(conns)), zap.Error(err))
+		}
+		for _, c := range conns {
+			if c.w != nil {
+				c.fail(errBackendDown(err.Error()))
+			}
+		}
+	}
+}
+
+// waiting returns how many messages wait in q (KubeMQ's count).
+func (s *Server) waiting(ctx context.Context, q *queue) (uint32, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := s.b.QueuesInfo(ctx, q.channel)
+	if err != nil {
+		return 0, err
+	}
+	qi, ok := info.Queue(q.channel)
+	if !ok || qi.Waiting <= 0 {
+		return 0, nil
+	}
+	return uint32(min(qi.Waiting, 1<<32-1)), nil
+}
+
+// purge removes the messages waiting in q. KubeMQ's purge waits at least
+// a second, so an empty queue is not purged at all.
+func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
+	n, err := s.waiting(ctx, q)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	got, err := s.b.AckAllQueueMessages(ctx, q.channel, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	return uint32(min(got, 1<<32-1)), nil
+}
+
+// deleteQueue removes q from the topology (registry included), cancels
+// its consumers and purges its messages. It returns how many it purged.
+func (s *Server) deleteQueue(ctx context.Context, q *queue, why string) (uint32, error) {
+	vh := q.vh
+	vh.declMu.Lock()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := vh.deleteQueueRecord(wctx, q); err != nil {
+		cancel()
+		vh.declMu.Unlock()
+		return 0, err
+	}
+	r := vh.removeQueue(q, why)
+	err := vh.persistRemoval(wctx, r, q)
+	cancel()
+	vh.declMu.Unlock()
+	if q.owner != nil {
+		q.owner.disown(q)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return s.purge(ctx, q)
+}
+
+// dropQueue deletes q on the proxy's behalf (exclusive owner gone,
+// auto-delete), logging failures.
+func (s *Server) dropQueue(q *queue, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := s.deleteQueue(ctx, q, why); err != nil {
+		s.log.Warn("deleting queue failed", zap.String("queue", q.name), zap.String("reason", why), zap.Error(err))
+	}
+}
+
+// dropQueueAsync runs dropQueue on a tracked goroutine, so the channel
+// that triggered it does not wait for KubeMQ's purge.
+func (s *Server) dropQueueAsync(q *queue, why string) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.dropQueue(q, why)
+	}()
+}

@@ -1,0 +1,375 @@
+package amqp091
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/routing"
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+)
+
+// Registry record kinds. Durable exchanges, durable queues and the bindings
+// between durable ends are records, shared by every replica and surviving
+// restarts; everything else lives in this process only.
+const (
+	kindExchange = "amqp.exchange"
+	kindQueue    = "amqp.queue"
+	kindBinding  = "amqp.binding"
+)
+
+type exchangeRecord struct {
+	Vhost      string `json:"vhost"`
+	Name       string `json:"name"`
+	Type       string `json:"type"`
+	AutoDelete bool   `json:"auto_delete,omitempty"`
+	Internal   bool   `json:"internal,omitempty"`
+	Args       []byte `json:"args,omitempty"` // AMQP field table, wire encoding
+}
+
+type queueRecord struct {
+	Vhost      string `json:"vhost"`
+	Name       string `json:"name"`
+	AutoDelete bool   `json:"auto_delete,omitempty"`
+	Args       []byte `json:"args,omitempty"`
+}
+
+type bindingRecord struct {
+	Vhost        string `json:"vhost"`
+	Source       string `json:"source"`
+	DestExchange bool   `json:"dest_exchange,omitempty"`
+	Dest         string `json:"dest"`
+	Key          string `json:"key"`
+	Args         []byte `json:"args,omitempty"`
+}
+
+func recordKey(parts ...string) string {
+	b, _ := json.Marshal(parts)
+	return string(b)
+}
+
+func encodeArgs(t wire.Table) []byte {
+	if len(t) == 0 {
+		return nil
+	}
+	b, err := wire.AppendTable(nil, t)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func decodeArgs(b []byte) wire.Table {
+	if len(b) == 0 {
+		return nil
+	}
+	t, err := wire.DecodeTable(b)
+	if err != nil {
+		return nil
+	}
+	return t
+}
+
+// vhostKey maps a client's virtual host name to the one used in KubeMQ
+// channel names and registry records: "/" is "default".
+func vhostKey(name string) string {
+	if name == "/" || name == "" {
+		return "default"
+	}
+	return name
+}
+
+// topology holds every virtual host this process knows.
+type topology struct {
+	srv *Server
+	reg *registry.Registry // nil: durable entities are kept in memory only
+	log *zap.Logger
+
+	mu     sync.Mutex // guards vhosts
+	vhosts map[string]*vhost
+}
+
+func newTopology(srv *Server, reg *registry.Registry, log *zap.Logger) *topology {
+	return &topology{srv: srv, reg: reg, log: log, vhosts: map[string]*vhost{}}
+}
+
+// vhost returns the virtual host with key, creating it.
+func (t *topology) vhost(key string) *vhost {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v := t.vhosts[key]
+	if v == nil {
+		v = &vhost{top: t, key: key, routes: routing.NewTable(), queues: map[string]*queue{}}
+		t.vhosts[key] = v
+	}
+	return v
+}
+
+// load applies every record the registry holds; watch applies later
+// changes written by other replicas.
+func (t *topology) load() {
+	if t.reg == nil {
+		return
+	}
+	for _, kind := range []string{kindExchange, kindQueue, kindBinding} {
+		for _, rec := range t.reg.List(kind) {
+			t.apply(rec)
+		}
+	}
+}
+
+func (t *topology) watch() (cancel func()) {
+	if t.reg == nil {
+		return func() {}
+	}
+	return t.reg.OnChange(func(ch registry.Change) {
+		if ch.Local {
+			return // applied by the writer already
+		}
+		t.apply(ch.Record)
+	})
+}
+
+// apply merges one registry record (a write or a tombstone) into memory. It
+// runs on the registry's goroutine and must not block: consumer
+// cancellations it causes are handed to the consumers' channels.
+func (t *topology) apply(rec registry.Record) {
+	var parts []string
+	if err := json.Unmarshal([]byte(rec.Key), &parts); err != nil || len(parts) != 2 {
+		return
+	}
+	v := t.vhost(parts[0])
+	switch rec.Kind {
+	case kindExchange:
+		if rec.Deleted {
+			v.routes.DeleteExchange(parts[1])
+			return
+		}
+		var r exchangeRecord
+		if json.Unmarshal(rec.Value, &r) != nil {
+			return
+		}
+		kind, ok := routing.ParseKind(r.Type)
+		if !ok {
+			return
+		}
+		v.routes.PutExchange(routing.Exchange{Name: r.Name, Kind: kind, Durable: true,
+			AutoDelete: r.AutoDelete, Internal: r.Internal, Args: decodeArgs(r.Args)})
+	case kindQueue:
+		if rec.Deleted {
+			if q := v.lookupQueue(parts[1]); q != nil && q.durable {
+				v.removeQueue(q, "deleted by another replica")
+			}
+			return
+		}
+		var r queueRecord
+		if json.Unmarshal(rec.Value, &r) != nil {
+			return
+		}
+		v.mu.Lock()
+		if _, ok := v.queues[r.Name]; !ok {
+			v.queues[r.Name] = newQueue(v, r.Name, true, false, r.AutoDelete, decodeArgs(r.Args), nil)
+		}
+		v.mu.Unlock()
+		v.routes.PutQueue(r.Name)
+	case kindBinding:
+		var r bindingRecord
+		if rec.Deleted {
+			// The tombstone has no value: find the binding by its id.
+			for _, b := range v.routes.BindingsFrom(bindingSourceFromID(parts[1])) {
+				if b.ID() == parts[1] {
+					v.routes.Unbind(b)
+				}
+			}
+			return
+		}
+		if json.Unmarshal(rec.Value, &r) != nil {
+			return
+		}
+		v.routes.Bind(routing.Binding{Source: r.Source, Dest: routing.Dest{Exchange: r.DestExchange, Name: r.Dest},
+			Key: r.Key, Args: decodeArgs(r.Args)})
+	}
+}
+
+// bindingSourceFromID extracts the source exchange from a routing.Binding
+// ID (its first NUL-terminated field).
+func bindingSourceFromID(id string) string {
+	for i := 0; i < len(id); i++ {
+		if id[i] == 0 {
+			return id[:i]
+		}
+	}
+	return id
+}
+
+// vhost is one virtual host: its routing table and its queues.
+type vhost struct {
+	top    *topology
+	key    string
+	routes *routing.Table
+
+	// declMu serialises the topology changes of this vhost, registry writes
+	// included, so check-then-act sequences (declare, bind, delete) are
+	// atomic. Publishing only reads routes and never takes it.
+	declMu sync.Mutex
+
+	mu     sync.Mutex // guards queues and every queue's consumer set
+	queues map[string]*queue
+}
+
+// queue is one AMQP queue, stored in the KubeMQ queue channel.
+type queue struct {
+	vh         *vhost
+	name       string
+	channel    string // KubeMQ channel
+	durable    bool
+	exclusive  bool
+	autoDelete bool
+	args       wire.Table
+	owner      *conn // exclusive owner, nil for shared queues
+
+	// Guarded by vh.mu.
+	consumers         map[*consumer]struct{}
+	exclusiveConsumer bool
+	hadConsumer       bool // auto-delete applies only after a first consumer
+	deleted           bool
+}
+
+func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args wire.Table, owner *conn) *queue {
+	return &queue{vh: v, name: name, channel: kubemqclient.Channel("amqp", v.key, name), durable: durable,
+		exclusive: exclusive, autoDelete: autoDelete, args: args, owner: owner, consumers: map[*consumer]struct{}{}}
+}
+
+func (v *vhost) lookupQueue(name string) *queue {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.queues[name]
+}
+
+// accessibleBy reports whether connection c may use q (RabbitMQ's lax
+// exclusive check: an exclusive queue is its owner's alone).
+func (q *queue) accessibleBy(c *conn) bool { return q.owner == nil || q.owner == c }
+
+// removeQueue forgets q and its bindings and cancels its consumers (with a
+// basic.cancel to clients that asked for it). It returns what the routing
+// table removed with it. It does not touch the registry or KubeMQ.
+func (v *vhost) removeQueue(q *queue, why string) routing.Removal {
+	v.mu.Lock()
+	if v.queues[q.name] != q || q.deleted {
+		v.mu.Unlock()
+		return routing.Removal{}
+	}
+	q.deleted = true
+	delete(v.queues, q.name)
+	cs := make([]*consumer, 0, len(q.consumers))
+	for cs1 := range q.consumers {
+		cs = append(cs, cs1)
+	}
+	v.mu.Unlock()
+	r := v.routes.DeleteQueue(q.name)
+	for _, cs1 := range cs {
+		cs1.ch.post(func() { cs1.ch.cancelByServer(cs1, why) })
+	}
+	return r
+}
+
+// persistRemoval writes the tombstones of the durable records a removal
+// took with it, so replicas and restarts agree. gone is the queue the
+// removal started from, if any (no longer in the vhost).
+func (v *vhost) persistRemoval(ctx context.Context, r routing.Removal, gone *queue) error {
+	reg := v.top.reg
+	if reg == nil {
+		return nil
+	}
+	removed := map[string]bool{} // removed exchange -> durable
+	for _, x := range r.Exchanges {
+		removed[x.Name] = x.Durable
+		if x.Durable {
+			if err := reg.Delete(ctx, kindExchange, recordKey(v.key, x.Name)); err != nil {
+				return err
+			}
+		}
+	}
+	exchangeDurable := func(name string) bool {
+		if d, ok := removed[name]; ok {
+			return d
+		}
+		x, ok := v.routes.Exchange(name)
+		return ok && x.Durable
+	}
+	for _, b := range r.Bindings {
+		durable := exchangeDurable(b.Source)
+		switch {
+		case b.Dest.Exchange:
+			durable = durable && exchangeDurable(b.Dest.Name)
+		case gone != nil && b.Dest.Name == gone.name:
+			durable = durable && gone.durable
+		default:
+			q := v.lookupQueue(b.Dest.Name)
+			durable = durable && q != nil && q.durable
+		}
+		if durable {
+			if err := reg.Delete(ctx, kindBinding, recordKey(v.key, b.ID())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// bindingDurable reports whether b is a registry record: RabbitMQ keeps a
+// binding across restarts when both its ends are durable.
+func (v *vhost) bindingDurable(b routing.Binding) bool {
+	src, ok := v.routes.Exchange(b.Source)
+	if !ok || !src.Durable {
+		return false
+	}
+	if b.Dest.Exchange {
+		d, ok := v.routes.Exchange(b.Dest.Name)
+		return ok && d.Durable
+	}
+	q := v.lookupQueue(b.Dest.Name)
+	return q != nil && q.durable
+}
+
+func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error {
+	if v.top.reg == nil || !x.Durable {
+		return nil
+	}
+	return v.top.reg.Put(ctx, kindExchange, recordKey(v.key, x.Name), exchangeRecord{
+		Vhost: v.key, Name: x.Name, Type: x.Kind.String(), AutoDelete: x.AutoDelete, Internal: x.Internal, Args: encodeArgs(x.Args)})
+}
+
+func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
+	if v.top.reg == nil || !q.durable {
+		return nil
+	}
+	return v.top.reg.Put(ctx, kindQueue, recordKey(v.key, q.name), queueRecord{
+		Vhost: v.key, Name: q.name, AutoDelete: q.autoDelete, Args: encodeArgs(q.args)})
+}
+
+func (v *vhost) deleteQueueRecord(ctx context.Context, q *queue) error {
+	if v.top.reg == nil || !q.durable {
+		return nil
+	}
+	return v.top.reg.Delete(ctx, kindQueue, recordKey(v.key, q.name))
+}
+
+func (v *vhost) putBindingRecord(ctx context.Context, b routing.Binding) error {
+	if v.top.reg == nil {
+		return nil
+	}
+	return v.top.reg.Put(ctx, kindBinding, recordKey(v.key, b.ID()), bindingRecord{
+		Vhost: v.key, Source: b.Source, DestExchange: b.Dest.Exchange, Dest: b.Dest.Name, Key: b.Key, Args: encodeArgs(b.Args)})
+}
+
+func (v *vhost) deleteBindingRecord(ctx context.Context, b routing.Binding) error {
+	if v.top.reg == nil {
+		return nil
+	}
+	return v.top.reg.Delete(ctx, kindBinding, recordKey(v.key, b.ID()))
+}

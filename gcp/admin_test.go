@@ -120,7 +120,7 @@ func TestTopicAdmin(t *testing.T) {
 	wantCode(t, ta.DeleteTopic(ctx, &pubsubpb.DeleteTopicRequest{Topic: e.topicName(id)}), codes.NotFound, "")
 }
 
-func rawPublisher(t *testing.T, e *env) pubsubpb.PublisherClient {
+func rawPublisher(t testing.TB, e *env) pubsubpb.PublisherClient {
 	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func rawPublisher(t *testing.T, e *env) pubsubpb.PublisherClient {
 	return pubsubpb.NewPublisherClient(conn)
 }
 
-func rawSubscriber(t *testing.T, e *env) pubsubpb.SubscriberClient {
+func rawSubscriber(t testing.TB, e *env) pubsubpb.SubscriberClient {
 	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

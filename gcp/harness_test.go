@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
@@ -21,6 +22,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
+	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/gcp"
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -29,7 +31,7 @@ import (
 
 // env is one proxy front-end on 127.0.0.1:0 over a test KubeMQ.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	addr    string
 	srv     *gcp.Server
 	kc      *kubemqclient.Client
@@ -42,10 +44,22 @@ type env struct {
 
 type envOption func(*gcp.Options)
 
-func startEnv(t *testing.T, opts ...envOption) *env {
+func startEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
-	kaddr := kubemqtest.Address(t)
+	var kaddr string
 	log := zaptest.NewLogger(t)
+	if _, bench := t.(*testing.B); bench {
+		// Benchmarks measure the proxy, not debug logging; the backend
+		// runs as in production (persistent, not strict).
+		log = zap.NewNop()
+		if kubemqtest.External() {
+			kaddr = kubemqtest.Address(t)
+		} else {
+			kaddr, _ = kubemqtest.StartEmbedded(t, embedded.Options{DataDir: t.TempDir(), Logger: log})
+		}
+	} else {
+		kaddr = kubemqtest.Address(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq")})
@@ -150,7 +164,7 @@ func (e *env) v1() *pubsubv1.Client {
 	return c
 }
 
-func ctxT(t *testing.T, d time.Duration) context.Context {
+func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -54,9 +56,9 @@ func checkReservedAttributes(msgs []*pubsubpb.PubsubMessage) error {
 	return nil
 }
 
-// publish stores already validated messages: the topic log first (the
-// source of truth for native readers and replay), then the subscription
-// copies. It is also the dead-letter path's way to republish.
+// publish stores already validated messages in the topic log (the source
+// of truth for native readers and replay) and in every subscription. It is
+// also the dead-letter path's way to republish.
 func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.PubsubMessage) ([]string, error) {
 	now := time.Now()
 	ids := make([]string, len(msgs))
@@ -71,9 +73,6 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			Body:     m.GetData(),
 			Tags:     encodeTags(m.GetAttributes(), ids[i], now, m.GetOrderingKey()),
 		}
-	}
-	if err := s.be.appendLog(ctx, events); err != nil {
-		return nil, err
 	}
 	var copies []kubemqclient.QueueMessage
 	for _, sub := range s.cat.fanout(t) {
@@ -90,7 +89,15 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			})
 		}
 	}
-	if err := s.be.enqueue(ctx, copies); err != nil {
+	// The log and the copies are written concurrently: the answer waits
+	// for both, and a failure of either fails the request (the client's
+	// retry may then duplicate what was stored: at-least-once).
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.be.appendLog(gctx, events) })
+	if len(copies) > 0 {
+		g.Go(func() error { return s.be.enqueue(gctx, copies) })
+	}
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	return ids, nil

@@ -1,0 +1,269 @@
+package gcp_test
+
+// Side-by-side benchmarks: the proxy on the embedded KubeMQ (or
+// $KUBEMQ_ADDRESS) against pstest in-process, both driven by the official
+// Go client at default settings with 1 KiB messages. Run them with
+//
+//	go test -run '^$' -bench . -benchtime 1x ./gcp/
+//
+// Each benchmark does a fixed amount of work per target (b.N is ignored
+// beyond 1) and reports msgs/s or latency percentiles as metrics.
+
+import (
+	"context"
+
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
+)
+
+type benchTarget struct {
+	name    string
+	backlog int // receive benchmark size: pstest drains slowly
+	start   func(b *testing.B) (addr, project string)
+}
+
+var benchTargets = []benchTarget{
+	{"proxy", 100_000, func(b *testing.B) (string, string) {
+		e := startEnv(b, func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 200_000 })
+		return e.addr, e.project
+	}},
+	{"pstest", 5_000, func(b *testing.B) (string, string) {
+		srv := pstest.NewServer()
+		b.Cleanup(func() { srv.Close() })
+		return srv.Addr, "bench"
+	}},
+}
+
+func benchClient(b *testing.B, addr, project string) *pubsub.Client {
+	c, err := pubsub.NewClient(context.Background(), project,
+		option.WithEndpoint(addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+func benchTopology(b *testing.B, c *pubsub.Client, project string) (topicID, subID string) {
+	ctx := context.Background()
+	topicID, subID = "bench-"+randSuffix(), "bench-sub-"+randSuffix()
+	if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/" + project + "/topics/" + topicID}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: "projects/" + project + "/subscriptions/" + subID, Topic: "projects/" + project + "/topics/" + topicID,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return topicID, subID
+}
+
+var kib = []byte(strings.Repeat("x", 1024))
+
+func publishAll(b *testing.B, c *pubsub.Client, topicID string, n int) time.Duration {
+	ctx := context.Background()
+	p := c.Publisher(topicID)
+	defer p.Stop()
+	start := time.Now()
+	rs := make([]*pubsub.PublishResult, n)
+	for i := range n {
+		rs[i] = p.Publish(ctx, &pubsub.Message{Data: kib})
+	}
+	for _, r := range rs {
+		if _, err := r.Get(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return time.Since(start)
+}
+
+// BenchmarkPublish: publish throughput, 50k messages per target.
+func BenchmarkPublish(b *testing.B) {
+	const n = 50_000
+	for _, tg := range benchTargets {
+		b.Run(tg.name, func(b *testing.B) {
+			addr, project := tg.start(b)
+			c := benchClient(b, addr, project)
+			topicID, _ := benchTopology(b, c, project)
+			b.ResetTimer()
+			var d time.Duration
+			for range b.N {
+				d = publishAll(b, c, topicID, n)
+			}
+			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
+		})
+	}
+}
+
+// BenchmarkBacklogReceive: receive+ack of a stored backlog through
+// StreamingPull (Receive at default settings).
+func BenchmarkBacklogReceive(b *testing.B) {
+	for _, tg := range benchTargets {
+		b.Run(tg.name, func(b *testing.B) {
+			addr, project := tg.start(b)
+			c := benchClient(b, addr, project)
+			topicID, subID := benchTopology(b, c, project)
+			n := tg.backlog
+			publishAll(b, c, topicID, n)
+			b.ResetTimer()
+			var d time.Duration
+			for range b.N {
+				var got atomic.Int64
+				ctx, cancel := context.WithCancel(context.Background())
+				start := time.Now()
+				sub := c.Subscriber(subID)
+				if v, _ := strconv.Atoi(os.Getenv("BENCH_MAX_OUTSTANDING")); v > 0 {
+					// Default 1000 with the client's 100 ms ack flush caps a
+					// stream at 10k msgs/s on any server that honours it.
+					sub.ReceiveSettings.MaxOutstandingMessages = v
+				}
+				err := sub.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+					m.Ack()
+					if got.Add(1) == int64(n) {
+						cancel()
+					}
+				})
+				d = time.Since(start)
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
+			b.ReportMetric(float64(n), "backlog")
+		})
+	}
+}
+
+// BenchmarkLatency: publish->receive latency at a paced 5,000 msg/s for
+// 4 s; each message carries its send time.
+func BenchmarkLatency(b *testing.B) {
+	const rate, secs = 5000, 4
+	for _, tg := range benchTargets {
+		b.Run(tg.name, func(b *testing.B) {
+			addr, project := tg.start(b)
+			c := benchClient(b, addr, project)
+			topicID, subID := benchTopology(b, c, project)
+			b.ResetTimer()
+			for range b.N {
+				n := rate * secs
+				var mu sync.Mutex
+				lat := make([]time.Duration, 0, n)
+				ctx, cancel := context.WithCancel(context.Background())
+				recvDone := make(chan error, 1)
+				go func() {
+					recvDone <- c.Subscriber(subID).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+						sent, _ := strconv.ParseInt(m.Attributes["t"], 10, 64)
+						d := time.Since(time.Unix(0, sent))
+						m.Ack()
+						mu.Lock()
+						lat = append(lat, d)
+						if len(lat) == n {
+							cancel()
+						}
+						mu.Unlock()
+					})
+				}()
+				p := c.Publisher(topicID)
+				tick := time.NewTicker(time.Second / 100) // 100 ticks/s, 50 messages each
+				var rs []*pubsub.PublishResult
+				for i := 0; i < n; {
+					<-tick.C
+					for j := 0; j < rate/100 && i < n; j++ {
+						rs = append(rs, p.Publish(ctx, &pubsub.Message{Data: kib, Attributes: map[string]string{"t": strconv.FormatInt(time.Now().UnixNano(), 10)}}))
+						i++
+					}
+				}
+				tick.Stop()
+				for _, r := range rs {
+					if _, err := r.Get(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				p.Stop()
+				select {
+				case <-recvDone:
+				case <-time.After(20 * time.Second):
+					cancel()
+					<-recvDone
+				}
+				mu.Lock()
+				slices.Sort(lat)
+				if len(lat) == 0 {
+					b.Fatal("nothing received")
+				}
+				// pstest cannot keep up with 5k msgs/s: report what arrived.
+				b.ReportMetric(float64(len(lat)), "received")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+				mu.Unlock()
+			}
+		})
+	}
+}
+
+// BenchmarkLeasedRSS: the process's resident memory with 100k messages
+// leased by one stream (proxy, client and embedded KubeMQ in one process).
+func BenchmarkLeasedRSS(b *testing.B) {
+	const n = 100_000
+	e := startEnv(b, func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 2 * n })
+	c := benchClient(b, e.addr, e.project)
+	topicID, subID := benchTopology(b, c, e.project)
+	publishAll(b, c, topicID, n)
+	b.ResetTimer()
+	for range b.N {
+		ctx, cancel := context.WithCancel(context.Background())
+		stream, err := rawSubscriber(b, e).StreamingPull(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		stream.Send(&pubsubpb.StreamingPullRequest{Subscription: "projects/" + e.project + "/subscriptions/" + subID,
+			StreamAckDeadlineSeconds: 600, MaxOutstandingMessages: 2 * n})
+		got := 0
+		for got < n {
+			resp, err := stream.Recv()
+			if err != nil {
+				b.Fatal(err)
+			}
+			got += len(resp.ReceivedMessages)
+		}
+		runtime.GC()
+		b.ReportMetric(float64(rssBytes())/(1<<20), "RSS-MiB")
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+		cancel()
+	}
+}
+
+func rssBytes() int64 {
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,6 +41,9 @@ type env struct {
 	project string
 	suffix  string // makes ids unique on a shared external KubeMQ
 	ready   atomic.Pointer[error]
+	log     *zap.Logger
+	opts    []envOption
+	stop    func() // stops the current replica
 }
 
 type envOption func(*gcp.Options)
@@ -68,39 +72,47 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	}
 	t.Cleanup(func() { kc.Close() })
 	suffix := randSuffix()
+	e := &env{t: t, kc: kc, project: "proj-" + suffix, suffix: suffix, log: log, opts: opts}
+	e.addr, e.srv, e.stop = e.startReplica()
+	t.Cleanup(func() { e.stop() })
+	return e
+}
+
+// startReplica starts a proxy front-end with its own registry view and
+// lease engine (a proxy process) on the env's KubeMQ and registry channel.
+// stop shuts it down gracefully; it is idempotent.
+func (e *env) startReplica() (addr string, srv *gcp.Server, stop func()) {
+	t := e.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	reg, err := registry.Open(ctx, registry.Options{
-		Client:  kc,
-		Channel: kubemqclient.Channel("kubemq-proxy-test.gcp", suffix),
-		Logger:  log.Named("registry"),
+		Client:  e.kc,
+		Channel: kubemqclient.Channel("kubemq-proxy-test.gcp", e.suffix),
+		Logger:  e.log.Named("registry"),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(reg.Close)
 	if err := reg.WaitReplayed(ctx); err != nil {
 		t.Fatalf("registry replay: %v", err)
 	}
-	e := &env{t: t, kc: kc, reg: reg, project: "proj-" + suffix, suffix: suffix}
-	dm, err := delivery.NewManager(engineBackend{kc}, delivery.Options{Logger: log.Named("delivery")})
+	e.reg = reg
+	dm, err := delivery.NewManager(engineBackend{e.kc}, delivery.Options{Logger: e.log.Named("delivery")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		dm.Close(ctx)
-	})
 	e.dm = dm
-	o := gcp.Options{Client: kc, Registry: reg, Deliveries: dm, Logger: log.Named("gcp"), Ready: func() error {
+	o := gcp.Options{Client: e.kc, Registry: reg, Deliveries: dm, Logger: e.log.Named("gcp"), Ready: func() error {
 		if p := e.ready.Load(); p != nil {
 			return *p
 		}
 		return nil
 	}}
-	for _, f := range opts {
+	for _, f := range e.opts {
 		f(&o)
 	}
-	srv, err := gcp.New(o)
+	srv, err = gcp.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,16 +122,20 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	e.addr, e.srv = lis.Addr().String(), srv
-	return e
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+			dm.Close(ctx)
+			reg.Close()
+		})
+	}
+	return lis.Addr().String(), srv, stop
 }
 
 func randSuffix() string {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,6 +51,7 @@ type conn struct {
 	cancelNotify bool // client understands server-sent basic.cancel
 	clientName   string
 	w            *writer
+	opened       atomic.Bool // set once the handshake is done and w exists
 
 	// Owned by serve.
 	fr       *wire.FrameReader
@@ -121,6 +123,7 @@ func (c *conn) serve() {
 	c.fr.SetFrameMax(c.frameMax)
 	c.w = newWriter(c.nc, c.frameMax)
 	go c.w.run(c.heartbeat)
+	c.opened.Store(true)
 	c.srv.m.connections.Inc()
 	defer c.srv.m.connections.Dec()
 	c.log.Info("connection open", zap.String("user", c.user), zap.String("vhost", c.vhostName),
@@ -338,6 +341,14 @@ func (c *conn) readLoop() {
 		}
 		f, err := c.fr.ReadFrame()
 		if err != nil {
+			var e *wire.Error
+			if errors.As(err, &e) && !c.isClosing() {
+				// A framing error: report it and keep reading for the
+				// peer's close-ok, which parses when the bad frame was
+				// read whole (a bad frame-end); any further error ends it.
+				c.fail(e)
+				continue
+			}
 			c.readFailed(err, hbTimeout)
 			return
 		}
@@ -357,14 +368,8 @@ func (c *conn) readLoop() {
 }
 
 func (c *conn) readFailed(err error, hbTimeout time.Duration) {
-	var e *wire.Error
 	switch {
 	case c.isClosing():
-	case errors.As(err, &e):
-		c.fail(e)
-		// The stream can no longer be parsed: give the peer a moment to read
-		// the close, then hang up.
-		c.drainUntilClosed()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.setReason("missed heartbeats from client, timeout: %v", hbTimeout)
 		c.log.Warn("missed heartbeats from client", zap.Duration("timeout", hbTimeout))
@@ -373,12 +378,6 @@ func (c *conn) readFailed(err error, hbTimeout time.Duration) {
 	default:
 		c.setReason("read: %v", err)
 	}
-}
-
-// drainUntilClosed reads and discards until the peer hangs up or the close
-// deadline passes.
-func (c *conn) drainUntilClosed() {
-	io.Copy(io.Discard, c.nc)
 }
 
 // closingFrame handles a frame after connection.close was sent or

@@ -305,7 +305,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // shutdown closes a connection from outside: with connection.close when it
 // is open, by hanging up when it is still in its handshake.
 func (c *conn) shutdown(e *wire.Error) {
-	if c.w == nil {
+	if !c.opened.Load() {
 		c.setReason("%s", e.Text)
 		c.nc.Close()
 		return
@@ -362,7 +362,7 @@ func (s *Server) watchReady() {
 			s.log.Warn("KubeMQ unreachable: closing AMQP connections", zap.Int("connections", len(conns)), zap.Error(err))
 		}
 		for _, c := range conns {
-			if c.w != nil {
+			if c.opened.Load() {
 				c.fail(errBackendDown(err.Error()))
 			}
 		}

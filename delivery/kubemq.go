@@ -65,7 +65,9 @@ func (k kubemqDownstream) Get(ctx context.Context, queue string, maxItems int, w
 	return tx.ID, msgs, nil
 }
 
-func (k kubemqDownstream) AckAll(_ context.Context, tx string) error        { return k.d.AckAll(tx) }
-func (k kubemqDownstream) CloseByClient(_ context.Context, tx string) error { return k.d.CloseByClient(tx) }
-func (k kubemqDownstream) Sync(ctx context.Context, tx string) error        { return k.d.Sync(ctx, tx) }
-func (k kubemqDownstream) Close() error                                     { return k.d.Close() }
+func (k kubemqDownstream) AckAll(_ context.Context, tx string) error { return k.d.AckAll(tx) }
+func (k kubemqDownstream) CloseByClient(_ context.Context, tx string) error {
+	return k.d.CloseByClient(tx)
+}
+func (k kubemqDownstream) Sync(ctx context.Context, tx string) error { return k.d.Sync(ctx, tx) }
+func (k kubemqDownstream) Close() error                              { return k.d.Close() }

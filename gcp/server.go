@@ -92,10 +92,11 @@ type Server struct {
 	// leases are gone (detach, delete).
 	onDrop func(subID string)
 
-	deliveries *delivery.Manager
-	rtMu       sync.Mutex // guards runtimes, rtClosed
-	runtimes   map[string]*subRuntime
-	rtClosed   bool
+	deliveries    *delivery.Manager
+	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
+	rtMu          sync.Mutex        // guards runtimes, rtClosed
+	runtimes      map[string]*subRuntime
+	rtClosed      bool
 
 	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
 	streams  sync.WaitGroup // StreamingPull receive loops
@@ -113,12 +114,13 @@ type Server struct {
 // core is what newServer needs; New (wiring.go) builds it from the
 // proxy's dependencies, tests may build it from fakes.
 type core struct {
-	cfg        Config
-	log        *zap.Logger
-	ready      func() error
-	topo       topology
-	be         backend
-	deliveries *delivery.Manager
+	cfg           Config
+	log           *zap.Logger
+	ready         func() error
+	topo          topology
+	be            backend
+	deliveries    *delivery.Manager
+	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
 }
 
 func newServer(c core) (*Server, error) {
@@ -192,6 +194,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.bg.Wait()
 		s.closeRuntimes()
 		s.streams.Wait()
+		if s.ownDeliveries != nil {
+			s.ownDeliveries.Close(ctx)
+		}
 	})
 	return nil
 }

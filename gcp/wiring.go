@@ -16,9 +16,10 @@ import (
 type Options struct {
 	Client   *kubemqclient.Client // required
 	Registry *registry.Registry   // required; should have replayed (Ready gates on it)
-	// Deliveries is the lease engine on KubeMQ queues; required. The
-	// front-end uses it with engine deadlines off (it runs Pub/Sub ack
-	// deadlines itself) and never sets hooks, so it may be shared.
+	// Deliveries is the lease engine on KubeMQ queues. The front-end uses
+	// it with engine deadlines off (it runs Pub/Sub ack deadlines itself)
+	// and sets no hooks, so it may be shared with other front-ends. nil:
+	// New builds one on Client and closes it at Shutdown.
 	Deliveries *delivery.Manager
 	Logger     *zap.Logger // nil = no logs
 	Metrics    prometheus.Registerer
@@ -30,10 +31,22 @@ type Options struct {
 
 // New builds the front-end; nothing listens until Serve.
 func New(o Options) (*Server, error) {
-	if o.Client == nil || o.Registry == nil || o.Deliveries == nil {
-		return nil, errors.New("gcp: Options.Client, Registry and Deliveries are required")
+	if o.Client == nil || o.Registry == nil {
+		return nil, errors.New("gcp: Options.Client and Options.Registry are required")
 	}
-	return newServer(core{
+	var own *delivery.Manager
+	if o.Deliveries == nil {
+		log := o.Logger
+		if log == nil {
+			log = zap.NewNop()
+		}
+		m, err := delivery.NewManager(delivery.NewKubeMQBackend(o.Client), delivery.Options{Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		o.Deliveries, own = m, m
+	}
+	s, err := newServer(core{
 		cfg:   o.Config,
 		log:   o.Logger,
 		ready: o.Ready,
@@ -42,6 +55,14 @@ func New(o Options) (*Server, error) {
 
 		deliveries: o.Deliveries,
 	})
+	if err != nil {
+		if own != nil {
+			own.Close(context.Background())
+		}
+		return nil, err
+	}
+	s.ownDeliveries = own
+	return s, nil
 }
 
 // registryTopology adapts the registry to topology.

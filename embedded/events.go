@@ -166,7 +166,7 @@ func durableKey(clientID, channel, group string) string {
 func (s *Server) dispatch(d *durable) {
 	for {
 		d.mu.Lock()
-		if len(d.members) == 0 {
+		if len(d.members) == 0 || s.ctx.Err() != nil {
 			d.running = false
 			d.mu.Unlock()
 			s.saveCursor(d)

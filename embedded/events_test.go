@@ -3,6 +3,7 @@ package embedded_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -143,7 +144,7 @@ func TestEventsStoreDurableResumeAndClientIDInUse(t *testing.T) {
 		if !strings.Contains(err.Error(), "already registered") {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		runtime.Gosched()
 	}
 	if got := s2.next(1); got != "r3@3" {
 		t.Fatalf("resume got %s", got)

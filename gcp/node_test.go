@@ -1,0 +1,40 @@
+package gcp_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestNodeClient runs test/node-pubsub (the official Node client) against
+// the proxy. It needs node and `npm ci` in that directory; without them it
+// skips, saying so.
+func TestNodeClient(t *testing.T) {
+	dir, err := filepath.Abs("../test/node-pubsub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@google-cloud", "pubsub")); err != nil {
+		t.Skip("run `npm install` in test/node-pubsub to enable the Node client test")
+	}
+	e := startEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", "pubsub.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PUBSUB_EMULATOR_HOST="+e.addr, "PUBSUB_PROJECT_ID="+e.project, "TEST_SUFFIX="+e.suffix,
+		// Never probe the GCE metadata server (a non-loopback address).
+		"METADATA_SERVER_DETECTION=none", "GCE_METADATA_HOST=127.0.0.1:1", "GCE_METADATA_IP=127.0.0.1:1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatalf("node client test failed: %v", err)
+	}
+}

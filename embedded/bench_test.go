@@ -2,8 +2,10 @@ package embedded_test
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -188,4 +190,68 @@ func BenchmarkEventsStoreReplay(b *testing.B) {
 		}
 	}
 	rate(b, b.N)
+}
+
+// BenchmarkDelayedMessages sends b.N messages with DelaySeconds=1 (batches of 100) and drains
+// them as they come due; it reports the send rate and how late they arrived against DelayedTo.
+func BenchmarkDelayedMessages(b *testing.B) {
+	e := benchEnv(b)
+	b.ResetTimer()
+	due := make(map[string]int64, b.N)
+	for i := 0; i < b.N; i += 100 {
+		msgs := make([]*pb.QueueMessage, 0, 100)
+		for j := i; j < min(i+100, b.N); j++ {
+			msgs = append(msgs, &pb.QueueMessage{ClientID: "c", Channel: "delayed", Body: kib, Policy: &pb.QueueMessagePolicy{DelaySeconds: 1}})
+		}
+		res, err := e.c.SendQueueMessagesBatch(e.ctx, &pb.QueueMessagesBatchRequest{Messages: msgs})
+		if err != nil || res.HaveErrors {
+			b.Fatalf("send: %v", err)
+		}
+		for _, r := range res.Results {
+			due[r.MessageID] = r.DelayedTo
+		}
+	}
+	sendRate := float64(b.N) / b.Elapsed().Seconds()
+	s, err := e.c.QueuesDownstream(e.ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	late := make([]int64, 0, b.N)
+	for len(late) < b.N {
+		if err := s.Send(&pb.QueuesDownstreamRequest{ClientID: "c", RequestTypeData: pb.QueuesDownstreamRequestType_Get, Channel: "delayed", MaxItems: 1, WaitTimeout: 10000, AutoAck: true}); err != nil {
+			b.Fatal(err)
+		}
+		// MaxItems=1 returns as soon as one is due; then take what else is visible.
+		r, err := s.Recv()
+		if err != nil || r.IsError {
+			b.Fatalf("get %v %+v", err, r)
+		}
+		now := time.Now().UnixNano()
+		for _, m := range r.Messages {
+			late = append(late, now-due[m.MessageID])
+		}
+		info, err := e.c.QueuesInfo(e.ctx, &pb.QueuesInfoRequest{QueueName: "delayed"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if w := info.Info.Waiting; w > 0 {
+			if err := s.Send(&pb.QueuesDownstreamRequest{ClientID: "c", RequestTypeData: pb.QueuesDownstreamRequestType_Get, Channel: "delayed", MaxItems: int32(w), WaitTimeout: 1000, AutoAck: true}); err != nil {
+				b.Fatal(err)
+			}
+			r, err := s.Recv()
+			if err != nil || r.IsError {
+				b.Fatalf("get %v %+v", err, r)
+			}
+			now := time.Now().UnixNano()
+			for _, m := range r.Messages {
+				late = append(late, now-due[m.MessageID])
+			}
+		}
+	}
+	slices.Sort(late)
+	ms := func(ns int64) float64 { return float64(ns) / 1e6 }
+	b.ReportMetric(sendRate, "sent-msg/s")
+	b.ReportMetric(ms(late[len(late)/2]), "late-p50-ms")
+	b.ReportMetric(ms(late[len(late)*99/100]), "late-p99-ms")
+	b.ReportMetric(ms(late[len(late)-1]), "late-max-ms")
 }

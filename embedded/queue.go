@@ -277,12 +277,40 @@ func (q *queue) settleLocked(qms []*qmsg) {
 }
 
 // giveBackLocked returns held copies unchanged (same sequence, same stored receive count): what
-// the real server does when a transaction or stream closes.
+// the real server does when a transaction or stream closes. Waiters get them first; the rest is
+// merged into ready in one pass, so giving back a large batch to a long queue stays linear.
 func (q *queue) giveBackLocked(qms []*qmsg) {
-	for _, qm := range qms {
-		q.held--
-		q.offerLocked(qm)
+	if len(qms) == 0 {
+		return
 	}
+	q.held -= int64(len(qms))
+	sort.Slice(qms, func(i, j int) bool { return qms[i].seq() < qms[j].seq() })
+	for len(qms) > 0 && len(q.waiters) > 0 {
+		q.offerLocked(qms[0])
+		qms = qms[1:]
+	}
+	if len(qms) == 0 {
+		return
+	}
+	live := q.ready[q.head:]
+	if len(live) == 0 || live[len(live)-1].seq() < qms[0].seq() {
+		q.ready = append(q.ready, qms...)
+		return
+	}
+	merged := make([]*qmsg, 0, len(live)+len(qms))
+	i, j := 0, 0
+	for i < len(live) && j < len(qms) {
+		if live[i].seq() < qms[j].seq() {
+			merged = append(merged, live[i])
+			i++
+		} else {
+			merged = append(merged, qms[j])
+			j++
+		}
+	}
+	merged = append(merged, live[i:]...)
+	merged = append(merged, qms[j:]...)
+	q.ready, q.head = merged, 0
 }
 
 func (q *queue) removeWaiterLocked(w *waiter) {

@@ -98,7 +98,7 @@ func (e *env) startReplica() (addr string, srv *gcp.Server, stop func()) {
 		t.Fatalf("registry replay: %v", err)
 	}
 	e.reg = reg
-	dm, err := delivery.NewManager(delivery.NewKubeMQBackend(e.kc), delivery.Options{Logger: e.log.Named("delivery")})
+	dm, err := delivery.NewManager(delivery.NewKubeMQBackend(e.kc), delivery.Options{Logger: e.log.Named("delivery")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func New(o Options) (*Server, error) {
 		if log == nil {
 			log = zap.NewNop()
 		}
-		m, err := delivery.NewManager(delivery.NewKubeMQBackend(o.Client), delivery.Options{Logger: log})
+		m, err := delivery.NewManager(delivery.NewKubeMQBackend(o.Client), delivery.Options{Logger: log}, o.Metrics)
 		if err != nil {
 			return nil, err
 		}

@@ -52,6 +52,7 @@ func BenchmarkBacklog100k(b *testing.B) {
 			}()
 		}
 		got.Wait()
+		cancel()
 		total += time.Since(start)
 		b.StopTimer()
 		st := c.Stats()

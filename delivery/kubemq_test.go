@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
@@ -500,7 +501,8 @@ func TestKubeMQManager(t *testing.T) {
 	addr, checkStrict := testServer(t)
 	cl := dial(t, addr)
 	q := uniqueQueue(t)
-	m, err := NewManager(NewKubeMQBackend(cl.Client), Options{Logger: zaptest.NewLogger(t), RecordDelay: time.Second})
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewManager(NewKubeMQBackend(cl.Client), Options{Logger: zaptest.NewLogger(t), RecordDelay: time.Second}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -563,6 +565,26 @@ func TestKubeMQManager(t *testing.T) {
 	}
 	if st := h3.Consumer().Stats(); st.EntriesRecovered != 0 || st.EntriesBounced != 0 {
 		t.Errorf("records of the clean predecessor treated as foreign: %+v", st)
+	}
+	// Counters survive the first Consumer's close.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := map[string]float64{}
+	for _, mf := range mfs {
+		for _, mt := range mf.GetMetric() {
+			switch {
+			case mt.GetCounter() != nil:
+				vals[mf.GetName()] += mt.GetCounter().GetValue()
+			case mt.GetGauge() != nil:
+				vals[mf.GetName()] += mt.GetGauge().GetValue()
+			}
+		}
+	}
+	if vals["kubemq_proxy_delivery_acked_total"] != 20 || vals["kubemq_proxy_delivery_consumers"] != 1 ||
+		vals["kubemq_proxy_delivery_records_stored_total"] == 0 {
+		t.Errorf("metrics %v", vals)
 	}
 	checkStrict()
 }

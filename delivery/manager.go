@@ -3,9 +3,11 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -26,14 +28,15 @@ type Manager struct {
 	opts Options
 	log  *zap.Logger
 
-	// mu guards queues, retired and closed.
-	mu      sync.Mutex
-	queues  map[string]*managed
-	retired map[string]*identity
-	closed  bool
-	wg      sync.WaitGroup // linger goroutines
-	ctx     context.Context
-	cancel  context.CancelFunc
+	// mu guards queues, retired, closedTotals and closed.
+	mu           sync.Mutex
+	queues       map[string]*managed
+	retired      map[string]*identity
+	closedTotals Stats // counters of Consumers already closed
+	closed       bool
+	wg           sync.WaitGroup // linger goroutines
+	ctx          context.Context
+	cancel       context.CancelFunc
 }
 
 // managed is one queue's Consumer and its users. Guarded by Manager.mu.
@@ -46,8 +49,9 @@ type managed struct {
 	lingerCh chan struct{} // closed when a user comes back during linger
 }
 
-// NewManager creates a Manager whose Consumers all use opts.
-func NewManager(b Backend, opts Options) (*Manager, error) {
+// NewManager creates a Manager whose Consumers all use opts. With metrics non-nil it registers
+// a collector of the Manager's totals (kubemq_proxy_delivery_*).
+func NewManager(b Backend, opts Options, metrics prometheus.Registerer) (*Manager, error) {
 	if b == nil {
 		return nil, errors.New("delivery: nil backend")
 	}
@@ -58,6 +62,11 @@ func NewManager(b Backend, opts Options) (*Manager, error) {
 	m := &Manager{b: b, opts: opts, log: check.Logger.Named("delivery"),
 		queues: map[string]*managed{}, retired: map[string]*identity{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if metrics != nil {
+		if err := metrics.Register(collector{m}); err != nil {
+			return nil, fmt.Errorf("delivery: register metrics: %w", err)
+		}
+	}
 	return m, nil
 }
 
@@ -190,7 +199,15 @@ func (m *Manager) retire(e *managed) {
 		}
 	}
 	m.retired[e.queue] = e.c.identity()
+	m.addClosedLocked(e.c)
 	close(e.done)
+}
+
+// addClosedLocked keeps a closed Consumer's counters in the totals.
+func (m *Manager) addClosedLocked(c *Consumer) {
+	st := c.Stats()
+	st.Leases, st.Out, st.Buffered, st.Waiters = 0, 0, 0, 0
+	m.closedTotals.add(st)
 }
 
 // Close closes every Consumer (giving their leases back, bounded by ctx) and refuses further
@@ -219,6 +236,7 @@ func (m *Manager) Close(ctx context.Context) error {
 			if m.queues[e.queue] == e {
 				delete(m.queues, e.queue)
 			}
+			m.addClosedLocked(e.c)
 			close(e.done)
 			m.mu.Unlock()
 		}()

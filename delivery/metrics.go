@@ -1,0 +1,114 @@
+package delivery
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names all start with this.
+const metricPrefix = "kubemq_proxy_delivery_"
+
+// add sums counters (gauges are summed too; for totals over several Consumers).
+func (s *Stats) add(o Stats) {
+	s.Leases += o.Leases
+	s.Out += o.Out
+	s.Buffered += o.Buffered
+	s.Waiters += o.Waiters
+	s.Gets += o.Gets
+	s.Received += o.Received
+	s.DuplicateSeqs += o.DuplicateSeqs
+	s.Delivered += o.Delivered
+	s.Acked += o.Acked
+	s.Redelivered += o.Redelivered
+	s.DroppedByHook += o.DroppedByHook
+	s.RecordsStored += o.RecordsStored
+	s.EntriesStored += o.EntriesStored
+	s.RecordsReturned += o.RecordsReturned
+	s.EntriesRearmed += o.EntriesRearmed
+	s.EntriesObsolete += o.EntriesObsolete
+	s.EntriesBounced += o.EntriesBounced
+	s.EntriesRecovered += o.EntriesRecovered
+	s.RecordsCorrupt += o.RecordsCorrupt
+	s.StoreFailures += o.StoreFailures
+	s.LeasesLost += o.LeasesLost
+	s.Resets += o.Resets
+}
+
+// Totals returns the sum over every Consumer the Manager has run: counters include closed
+// Consumers (so they never go down), gauges cover the open ones.
+func (m *Manager) Totals() (s Stats, consumers int) {
+	m.mu.Lock()
+	s = m.closedTotals
+	cs := make([]*Consumer, 0, len(m.queues))
+	for _, e := range m.queues {
+		cs = append(cs, e.c)
+	}
+	m.mu.Unlock()
+	for _, c := range cs {
+		s.add(c.Stats())
+	}
+	return s, len(cs)
+}
+
+// collector exports a Manager's Totals at scrape time (no per-queue labels: ordering keys can
+// make queues unbounded).
+type collector struct{ m *Manager }
+
+type metricDesc struct {
+	d     *prometheus.Desc
+	typ   prometheus.ValueType
+	value func(s *Stats, consumers int) float64
+}
+
+var metricDescs = func() []metricDesc {
+	g := func(name, help string, f func(*Stats, int) float64) metricDesc {
+		return metricDesc{prometheus.NewDesc(metricPrefix+name, help, nil, nil), prometheus.GaugeValue, f}
+	}
+	c := func(name, help string, f func(*Stats) uint64) metricDesc {
+		return metricDesc{prometheus.NewDesc(metricPrefix+name+"_total", help, nil, nil), prometheus.CounterValue,
+			func(s *Stats, _ int) float64 { return float64(f(s)) }}
+	}
+	e := func(outcome string, f func(*Stats) uint64) metricDesc {
+		return metricDesc{prometheus.NewDesc(metricPrefix+"record_entries_returned_total",
+			"Lease-record entries received back, by what was done with them.", nil,
+			prometheus.Labels{"outcome": outcome}), prometheus.CounterValue,
+			func(s *Stats, _ int) float64 { return float64(f(s)) }}
+	}
+	return []metricDesc{
+		g("consumers", "Open queue consumers.", func(_ *Stats, n int) float64 { return float64(n) }),
+		g("leases", "Live leases (buffered, out, delayed, being requeued).", func(s *Stats, _ int) float64 { return float64(s.Leases) }),
+		g("leases_out", "Deliveries handed out and not settled.", func(s *Stats, _ int) float64 { return float64(s.Out) }),
+		g("leases_buffered", "Recorded messages waiting for a Fetch.", func(s *Stats, _ int) float64 { return float64(s.Buffered) }),
+		g("fetch_waiters", "Fetch calls waiting.", func(s *Stats, _ int) float64 { return float64(s.Waiters) }),
+		c("gets", "Downstream Gets.", func(s *Stats) uint64 { return s.Gets }),
+		c("received", "Data messages received.", func(s *Stats) uint64 { return s.Received }),
+		c("duplicate_sequences", "Repeated sequences dropped from Get responses.", func(s *Stats) uint64 { return s.DuplicateSeqs }),
+		c("delivered", "Deliveries handed out.", func(s *Stats) uint64 { return s.Delivered }),
+		c("acked", "Deliveries acked.", func(s *Stats) uint64 { return s.Acked }),
+		c("redelivered", "Redelivery copies enqueued (nack, expiry, release, recovery).", func(s *Stats) uint64 { return s.Redelivered }),
+		c("dropped_by_hook", "Redeliveries the front-end dropped (dead-lettered).", func(s *Stats) uint64 { return s.DroppedByHook }),
+		c("records_stored", "Lease records stored.", func(s *Stats) uint64 { return s.RecordsStored }),
+		c("record_entries_stored", "Entries in stored lease records.", func(s *Stats) uint64 { return s.EntriesStored }),
+		c("records_returned", "Lease records received back.", func(s *Stats) uint64 { return s.RecordsReturned }),
+		e("rearmed", func(s *Stats) uint64 { return s.EntriesRearmed }),
+		e("obsolete", func(s *Stats) uint64 { return s.EntriesObsolete }),
+		e("bounced", func(s *Stats) uint64 { return s.EntriesBounced }),
+		e("recovered", func(s *Stats) uint64 { return s.EntriesRecovered }),
+		c("records_corrupt", "Lease records that could not be decoded.", func(s *Stats) uint64 { return s.RecordsCorrupt }),
+		c("store_failures", "Get batches given back because their record could not be stored.", func(s *Stats) uint64 { return s.StoreFailures }),
+		c("leases_lost", "Leases dropped because the backend failed.", func(s *Stats) uint64 { return s.LeasesLost }),
+		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
+	}
+}()
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range metricDescs {
+		ch <- d.d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	s, n := c.m.Totals()
+	for _, d := range metricDescs {
+		ch <- prometheus.MustNewConstMetric(d.d, d.typ, d.value(&s, n))
+	}
+}

@@ -137,6 +137,15 @@ func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubs
 	}
 	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	go func() {
+		// A waiting Pull answers (empty) at shutdown instead of holding
+		// GracefulStop for its whole wait.
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
 	msgs, err := rt.fetch(pctx, int(n), nil, time.Duration(e.proto.GetAckDeadlineSeconds())*time.Second)
 	if err != nil {
 		if pctx.Err() != nil && ctx.Err() == nil {

@@ -115,6 +115,7 @@ type Server struct {
 	storeIDs map[string]bool     // ClientIDs holding an events-store subscription
 	openTx   map[string]*dsTx    // open downstream transactions of every stream, by id
 	plain    *plainBus
+	requests *requestBus
 
 	delays *delayer
 	strict strictCounters
@@ -143,6 +144,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.plain = newPlainBus()
+	s.requests = newRequestBus()
 	s.delays = newDelayer(s)
 	if opts.DataDir != "" {
 		st, err := openLogStore(opts.DataDir, s)

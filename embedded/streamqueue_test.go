@@ -170,10 +170,46 @@ func TestStopEndsStreamsUnavailable(t *testing.T) {
 	<-done
 }
 
-func TestCommandsUnimplemented(t *testing.T) {
+func TestCommandsAndQueries(t *testing.T) {
 	e := strictEnv(t)
-	_, err := e.c.SendRequest(e.ctx, &pb.Request{ClientID: "c", Channel: "x", Timeout: 1000, RequestTypeData: pb.Request_Query})
-	if status.Code(err) != codes.Unimplemented {
-		t.Fatalf("SendRequest: %v", err)
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	sub, err := e.c.SubscribeToRequests(ctx, &pb.Subscribe{SubscribeTypeData: pb.Subscribe_Queries, ClientID: "r", Channel: "svc.*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Header(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			req, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			_, _ = e.c.SendResponse(ctx, &pb.Response{ClientID: "r", RequestID: req.RequestID, ReplyChannel: req.ReplyChannel, Body: append([]byte("re:"), req.Body...), Executed: true})
+		}
+	}()
+	resp, err := e.c.SendRequest(e.ctx, &pb.Request{RequestID: "q1", RequestTypeData: pb.Request_Query, ClientID: "c", Channel: "svc.a", Body: []byte("hi"), Timeout: 10000})
+	if err != nil || string(resp.Body) != "re:hi" || resp.RequestID != "q1" || !resp.Executed {
+		t.Fatalf("query: %+v %v", resp, err)
+	}
+	// A command nobody subscribes to times out with Error 301.
+	_, err = e.c.SendRequest(e.ctx, &pb.Request{RequestTypeData: pb.Request_Command, ClientID: "c", Channel: "svc.a", Body: []byte("x"), Timeout: 100})
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "Error 301: timeout for request message") {
+		t.Fatalf("command timeout: %v", err)
+	}
+	for _, bad := range []*pb.Request{
+		{RequestTypeData: pb.Request_Query, Channel: "x", Body: []byte("x"), Timeout: 1},
+		{RequestTypeData: pb.Request_Query, ClientID: "c", Channel: "x", Body: []byte("x")},
+		{RequestTypeData: pb.Request_Query, ClientID: "c", Channel: "x", Timeout: 1},
+		{ClientID: "c", Channel: "x", Body: []byte("x"), Timeout: 1},
+	} {
+		if _, err := e.c.SendRequest(e.ctx, bad); status.Code(err) != codes.Internal || !strings.HasPrefix(status.Convert(err).Message(), "Error 1") && !strings.HasPrefix(status.Convert(err).Message(), "Error 2") {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+	if _, err := e.c.SendResponse(e.ctx, &pb.Response{ClientID: "r", ReplyChannel: "nobody", RequestID: "x"}); err != nil {
+		t.Fatalf("orphan response: %v", err)
 	}
 }

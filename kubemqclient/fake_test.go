@@ -28,6 +28,7 @@ type fake struct {
 	downstream func(grpc.BidiStreamingServer[pb.QueuesDownstreamRequest, pb.QueuesDownstreamResponse]) error
 	events     func(grpc.BidiStreamingServer[pb.Event, pb.Result]) error
 	auth       chan string // if set, receives the authorization metadata of each Ping
+	subscribe  func(*pb.Subscribe, grpc.ServerStreamingServer[pb.EventReceive]) error
 
 	srv  *grpc.Server
 	addr string
@@ -51,6 +52,13 @@ func (f *fake) QueuesUpstream(s grpc.BidiStreamingServer[pb.QueuesUpstreamReques
 
 func (f *fake) QueuesDownstream(s grpc.BidiStreamingServer[pb.QueuesDownstreamRequest, pb.QueuesDownstreamResponse]) error {
 	return f.downstream(s)
+}
+
+func (f *fake) SubscribeToEvents(r *pb.Subscribe, s grpc.ServerStreamingServer[pb.EventReceive]) error {
+	if f.subscribe == nil {
+		return status.Error(codes.Unimplemented, "no SubscribeToEvents")
+	}
+	return f.subscribe(r, s)
 }
 
 func (f *fake) SendEventsStream(s grpc.BidiStreamingServer[pb.Event, pb.Result]) error {
@@ -657,5 +665,53 @@ func TestSubscriptionEndsWithReason(t *testing.T) {
 	}
 	if _, err := s2.Recv(within(t, time.Second)); err == nil {
 		t.Fatal("Recv after Close succeeded")
+	}
+}
+
+func TestSubscriptionAutoResume(t *testing.T) {
+	reqs := make(chan *pb.Subscribe, 4)
+	f := &fake{subscribe: func(r *pb.Subscribe, s grpc.ServerStreamingServer[pb.EventReceive]) error {
+		reqs <- r
+		send := func(seq uint64) error {
+			return s.Send(&pb.EventReceive{EventID: "e", Channel: r.Channel, Body: []byte{byte(seq)}, Sequence: seq})
+		}
+		if len(reqs) == 1 { // the first stream: two events, then an outage
+			if err := send(1); err != nil {
+				return err
+			}
+			if err := send(2); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "error reading from server: EOF")
+		}
+		for _, seq := range []uint64{2, 3} { // 2 is stale and must be skipped
+			if err := send(seq); err != nil {
+				return err
+			}
+		}
+		<-s.Context().Done()
+		return nil
+	}}
+	f.start(t, "127.0.0.1:0")
+	c := dialFake(t, f, Options{MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	s, err := c.SubscribeEventsStore(within(t, 5*time.Second), SubscribeOptions{Channel: "c", Start: StartPosition{Mode: StartFromFirst}, AutoResume: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	first := s.ClientID()
+	for want := uint64(1); want <= 3; want++ {
+		e, err := s.Recv(within(t, 5*time.Second))
+		if err != nil || e.Sequence != want {
+			t.Fatalf("event %d: %+v %v", want, e, err)
+		}
+	}
+	<-reqs
+	r := <-reqs
+	if r.EventsStoreTypeData != pb.Subscribe_StartAtSequence || r.EventsStoreTypeValue != 3 || r.ClientID == first || r.ClientID != s.ClientID() {
+		t.Fatalf("resume request %+v (first id %s)", r, first)
+	}
+	if s.Resumes() != 1 {
+		t.Fatalf("Resumes %d", s.Resumes())
 	}
 }

@@ -384,8 +384,20 @@ func (c *Consumer) handOutLocked(l *lease, w *waiter, now time.Time) *Delivery {
 	return l.d
 }
 
+// Unfetch puts deliveries that never reached a client (fetched beyond a window, or the send to
+// the client failed) back at the front of the ready buffer for the next Fetch: no copy is
+// enqueued and the attempt does not count. Deliveries no longer out are skipped. It returns how
+// many went back.
+func (c *Consumer) Unfetch(ds ...*Delivery) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.unhandLocked(ds)
+	c.serveLocked(time.Now())
+	return n
+}
+
 // unhandLocked puts deliveries that never reached a client back at the front of the buffer.
-func (c *Consumer) unhandLocked(ds []*Delivery) {
+func (c *Consumer) unhandLocked(ds []*Delivery) int {
 	back := make([]*lease, 0, len(ds))
 	for _, d := range ds {
 		k, _ := parseLeaseID(d.LeaseID)
@@ -401,6 +413,7 @@ func (c *Consumer) unhandLocked(ds []*Delivery) {
 		c.st.delivered.Add(^uint64(0))
 	}
 	c.ready = append(back, c.ready...)
+	return len(back)
 }
 
 func (c *Consumer) unholdLocked(l *lease) {

@@ -574,6 +574,39 @@ func TestReleaseAndClose(t *testing.T) {
 	})
 }
 
+func TestUnfetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		f.send(t, testQueue, ids(4, "m")...)
+		c, _ := newTestConsumer(t, f, Options{Deadline: 3 * time.Second})
+		defer closeConsumer(t, c)
+		ds := fetchFor(t, c, 4, time.Second)
+		if n := c.Unfetch(ds[2], ds[3]); n != 2 {
+			t.Fatalf("Unfetch = %d", n)
+		}
+		if n := c.Unfetch(ds[2]); n != 0 {
+			t.Errorf("second Unfetch = %d", n)
+		}
+		if c.Ack(ds[2].LeaseID)[0] {
+			t.Error("ack of an unfetched delivery accepted")
+		}
+		c.Ack(ds[0].LeaseID, ds[1].LeaseID)
+		// Same messages, not counted as attempts, and no expiry while buffered (the first
+		// deadline passes during the sleep).
+		time.Sleep(5 * time.Second)
+		again := fetchFor(t, c, 2, time.Second)
+		if len(again) != 2 || again[0].MessageID != ds[2].MessageID || again[1].MessageID != ds[3].MessageID ||
+			again[0].Attempt != 1 || again[0].Redelivered {
+			t.Fatalf("after Unfetch got %+v", again)
+		}
+		c.Ack(leaseIDs(again)...)
+		if st := c.Stats(); st.Redelivered != 0 || st.Delivered != 4 {
+			t.Errorf("stats %+v", st)
+		}
+		checkNoViolations(t, f)
+	})
+}
+
 func TestFetchFIFOAndCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeKubeMQ(t)

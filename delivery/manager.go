@@ -292,6 +292,9 @@ func (h *Handle) Extend(id string, deadline time.Time) bool { return h.c.Extend(
 // Release is Consumer.Release.
 func (h *Handle) Release(ids ...string) []bool { return h.c.Release(ids...) }
 
+// Unfetch is Consumer.Unfetch.
+func (h *Handle) Unfetch(ds ...*Delivery) int { return h.c.Unfetch(ds...) }
+
 // ReleaseAll gives back every delivery fetched through h and not yet settled. It returns how
 // many it released.
 func (h *Handle) ReleaseAll() int {

@@ -31,6 +31,16 @@ type Config struct {
 // GCPConfig is the Pub/Sub v1 front-end (emulator mode: plaintext, no auth).
 type GCPConfig struct {
 	Listen string `mapstructure:"listen"`
+	// MaxMessageBytes bounds one message (data + attributes).
+	MaxMessageBytes int `mapstructure:"max_message_bytes"`
+	// MaxInflightPerSubscription caps leased messages per subscription
+	// across all streams; the rest waits in KubeMQ.
+	MaxInflightPerSubscription int `mapstructure:"max_inflight_per_subscription"`
+	// MaxOutstandingMessages bounds a StreamingPull whose client set no limit.
+	MaxOutstandingMessages int `mapstructure:"max_outstanding_messages"`
+	// StreamCloseAfter ends each StreamingPull with UNAVAILABLE after this
+	// long, as Google does; clients reconnect.
+	StreamCloseAfter time.Duration `mapstructure:"stream_close_after"`
 }
 
 // AMQPConfig is the AMQP 0-9-1 front-end.
@@ -98,7 +108,8 @@ type ShutdownConfig struct {
 // documents the same values.
 func Defaults() Config {
 	return Config{
-		GCP:  GCPConfig{Listen: ":8085"},
+		GCP: GCPConfig{Listen: ":8085", MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
+			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
@@ -160,6 +171,18 @@ func (c *Config) Validate() error {
 	}
 	if (c.KubeMQ.CertFile == "") != (c.KubeMQ.KeyFile == "") {
 		return errors.New("kubemq.cert_file and kubemq.key_file must be set together")
+	}
+	if c.GCP.MaxMessageBytes < 1024 || c.GCP.MaxMessageBytes > 64<<20 {
+		return fmt.Errorf("gcp.max_message_bytes: %d is outside 1024..67108864", c.GCP.MaxMessageBytes)
+	}
+	if c.GCP.MaxInflightPerSubscription < 1 {
+		return fmt.Errorf("gcp.max_inflight_per_subscription: %d must be at least 1", c.GCP.MaxInflightPerSubscription)
+	}
+	if c.GCP.MaxOutstandingMessages < 1 {
+		return fmt.Errorf("gcp.max_outstanding_messages: %d must be at least 1", c.GCP.MaxOutstandingMessages)
+	}
+	if c.GCP.StreamCloseAfter < time.Second {
+		return fmt.Errorf("gcp.stream_close_after: %v must be at least 1s", c.GCP.StreamCloseAfter)
 	}
 	if c.AMQP.Heartbeat < 0 || c.AMQP.Heartbeat > 65535*time.Second {
 		return fmt.Errorf("amqp.heartbeat: %v is outside 0s..65535s", c.AMQP.Heartbeat)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 	"github.com/kubemq-io/kubemq-proxy/registry"
@@ -49,7 +50,10 @@ type Deps struct {
 	Logger   *zap.Logger
 	Client   *kubemqclient.Client
 	Registry *registry.Registry
-	Metrics  prometheus.Registerer
+	// Deliveries is the one lease engine of the process (one consumer per
+	// KubeMQ queue), shared by the front-ends.
+	Deliveries *delivery.Manager
+	Metrics    prometheus.Registerer
 	// Ready reports nil when the backend is reachable and the registry replayed.
 	Ready func() error
 }
@@ -64,6 +68,7 @@ type Proxy struct {
 	embeddedLis net.Listener
 	client      *kubemqclient.Client
 	reg         *registry.Registry
+	deliveries  *delivery.Manager
 	httpSrv     *http.Server
 	httpLis     net.Listener
 
@@ -174,7 +179,12 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		})
 	}
 
-	deps := Deps{Config: &p.cfg, Logger: p.log, Client: p.client, Registry: p.reg, Metrics: p.metrics, Ready: p.Ready}
+	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{Logger: p.log.Named("delivery")}, p.metrics)
+	if err != nil {
+		return fmt.Errorf("delivery: %w", err)
+	}
+
+	deps := Deps{Config: &p.cfg, Logger: p.log, Client: p.client, Registry: p.reg, Deliveries: p.deliveries, Metrics: p.metrics, Ready: p.Ready}
 	for _, f := range factories {
 		addrs := f.Listen(&p.cfg)
 		var tlsFlags []bool
@@ -302,6 +312,11 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}
 		for _, l := range f.lis {
 			l.Close()
+		}
+	}
+	if p.deliveries != nil {
+		if err := p.deliveries.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("delivery: %w", err))
 		}
 	}
 	if p.reg != nil {

@@ -1,0 +1,302 @@
+package main
+
+// End-to-end tests of the built binary: the real lifecycle, real listeners,
+// real clients, and kill -9 of the whole process.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// proxyBinary builds the command once per test run.
+func proxyBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kubemq-proxy-e2e")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kubemq-proxy")
+		out, err := exec.Command("go", "build", "-race", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// requiredListeners are reported by every started proxy.
+var requiredListeners = []string{"http", "gcp"}
+
+// proc is one running proxy process.
+type proc struct {
+	cmd   *exec.Cmd
+	addrs map[string]string // listener name -> bound address
+	done  chan struct{}
+}
+
+// startProxy runs the binary with every listener on 127.0.0.1:0 and reads
+// the bound addresses from its "listening" log lines.
+func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) *proc {
+	t.Helper()
+	args := []string{
+		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
+		"--http.listen", "127.0.0.1:0", "--registry.channel", registryChannel, "--log.level", "info",
+	}
+	if kubemqtest.External() {
+		args = append(args, "--kubemq.address", kubemqtest.Address(t))
+	} else {
+		args = append(args, "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", dataDir, "--embedded.strict")
+	}
+	args = append(args, extra...)
+	cmd := exec.Command(proxyBinary(t), args...)
+	cmd.Dir = t.TempDir() // no ./config.yaml there
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, addrs: map[string]string{}, done: make(chan struct{})}
+	found := make(chan struct{})
+	var mu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			line := sc.Text()
+			var rec struct {
+				Msg      string `json:"msg"`
+				Listener string `json:"listener"`
+				Address  string `json:"address"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
+				mu.Lock()
+				p.addrs[rec.Listener] = rec.Address
+				ready := true
+				for _, l := range requiredListeners {
+					ready = ready && p.addrs[l] != ""
+				}
+				mu.Unlock()
+				if ready && !signalled {
+					signalled = true
+					close(found)
+				}
+			}
+			if testing.Verbose() {
+				t.Log(line)
+			}
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	go func() { cmd.Wait(); close(p.done) }()
+	select {
+	case <-found:
+	case <-p.done:
+		t.Fatalf("proxy exited before listening")
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("proxy did not report its listeners")
+	}
+	t.Cleanup(func() { p.kill() })
+	p.waitReady(t)
+	return p
+}
+
+func (p *proc) waitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.addrs["http"] + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not 200 within 5s (last: %v)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *proc) terminate(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit 20s after SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+}
+
+func pubsubClient(t *testing.T, addr, project string) *pubsub.Client {
+	t.Helper()
+	c, err := pubsub.NewClient(context.Background(), project,
+		option.WithEndpoint(addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
+}
+
+func TestPubSubSurvivesKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dataDir := t.TempDir()
+	regCh := uniqueName("kubemq-proxy-e2e")
+	p := startProxy(t, dataDir, regCh)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const project = "e2e"
+	topicID, subID := uniqueName("topic"), uniqueName("sub")
+	c := pubsubClient(t, p.addrs["gcp"], project)
+	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/" + project + "/topics/" + topicID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: "projects/" + project + "/subscriptions/" + subID, Topic: topic.Name, AckDeadlineSeconds: 10,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pub := c.Publisher(topicID)
+	const n = 200
+	var results []*pubsub.PublishResult
+	for i := 0; i < n; i++ {
+		results = append(results, pub.Publish(ctx, &pubsub.Message{Data: []byte(fmt.Sprintf("m%03d", i))}))
+	}
+	for _, r := range results {
+		if _, err := r.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub.Stop()
+
+	// Lease (receive without acking) some messages, then kill -9.
+	sub := c.Subscriber(subID)
+	sub.ReceiveSettings.MaxOutstandingMessages = 50
+	held := make(chan struct{}, n)
+	rctx, rcancel := context.WithCancel(ctx)
+	go sub.Receive(rctx, func(_ context.Context, m *pubsub.Message) { held <- struct{}{} })
+	for i := 0; i < 20; i++ {
+		select {
+		case <-held:
+		case <-time.After(30 * time.Second):
+			t.Fatal("nothing delivered before the kill")
+		}
+	}
+	p.kill()
+	rcancel()
+	c.Close()
+
+	// The restarted proxy knows the topic and subscription and delivers
+	// every message, including the leased ones, at least once.
+	p2 := startProxy(t, dataDir, regCh)
+	c2 := pubsubClient(t, p2.addrs["gcp"], project)
+	if _, err := c2.TopicAdminClient.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: topic.Name}); err != nil {
+		t.Fatalf("topic lost across kill -9: %v", err)
+	}
+	seen := map[string]bool{}
+	var mu sync.Mutex
+	rctx2, rcancel2 := context.WithCancel(ctx)
+	defer rcancel2()
+	all := make(chan struct{})
+	go func() {
+		c2.Subscriber(subID).Receive(rctx2, func(_ context.Context, m *pubsub.Message) {
+			m.Ack()
+			mu.Lock()
+			seen[string(m.Data)] = true
+			if len(seen) == n {
+				close(all)
+			}
+			mu.Unlock()
+		})
+	}()
+	select {
+	case <-all:
+	case <-time.After(90 * time.Second):
+		mu.Lock()
+		t.Fatalf("after restart only %d of %d messages delivered", len(seen), n)
+	}
+	rcancel2()
+	p2.terminate(t)
+}
+
+func TestEmbeddedModeServesKubeMQ(t *testing.T) {
+	if testing.Short() || kubemqtest.External() {
+		t.Skip("runs the binary's embedded mode")
+	}
+	cmd := exec.Command(proxyBinary(t), "embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", t.TempDir())
+	cmd.Dir = t.TempDir()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"listening"`) {
+			go io.Copy(io.Discard, stderr)
+			cmd.Process.Signal(syscall.SIGTERM)
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("embedded mode exit: %v", err)
+			}
+			return
+		}
+	}
+	t.Fatal("embedded mode never reported its listener")
+}

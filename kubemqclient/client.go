@@ -265,8 +265,9 @@ func (c *Client) Close() error {
 
 // --- health ---
 
-// Ready reports whether the last health signal was good: the last ping
-// succeeded and no call has seen the server unavailable since.
+// Ready reports whether the last health ping succeeded. A call that sees
+// the server unavailable triggers a ping at once, so readiness drops within
+// one ping of an outage.
 func (c *Client) Ready() bool { return c.ready.Load() }
 
 // WaitReady blocks until the client is ready, ctx ends, or the client is
@@ -379,11 +380,13 @@ func (c *Client) setReady(up bool) {
 	}
 }
 
-// observe inspects an error from any call: an unavailable server flips
-// readiness off and wakes the health loop. It returns err unchanged.
+// observe inspects an error from any call: an unavailable server makes the
+// health loop ping at once, and that ping decides readiness. (Flipping on
+// the error itself would flap: after a restart, streams opened before it
+// still fail with Unavailable while the server is already back.) It returns
+// err unchanged.
 func (c *Client) observe(err error) error {
 	if err != nil && errors.Is(err, ErrUnavailable) && !c.isClosed() {
-		c.setReady(false)
 		select {
 		case c.kick <- struct{}{}:
 		default:

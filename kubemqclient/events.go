@@ -362,4 +362,3 @@ func (p *pubLane) read(g *pubGen) {
 		ref.b.settle(ref.i, rerr)
 	}
 }
-

@@ -724,6 +724,14 @@ func TestQueuesInfoWaiting(t *testing.T) {
 	if err != nil || len(info.Queues) != 0 {
 		t.Fatalf("unknown queue: %+v %v", info, err)
 	}
+	// No name lists every queue.
+	info, err = c.QueuesInfo(timeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qi, ok := info.Queue(q); !ok || qi.Waiting != 3 || info.TotalQueue < 1 {
+		t.Fatalf("all queues: %+v", info)
+	}
 }
 
 func TestReceiveQueueMessagesPeek(t *testing.T) {
@@ -794,6 +802,13 @@ func TestErrorShapes(t *testing.T) {
 		ds := openDS(t, c)
 		tx := get(t, ds, q, 1, 5*time.Second)
 		ackAllSync(t, ds, tx)
+	})
+	t.Run("in-band receive error", func(t *testing.T) {
+		_, err := c.ReceiveQueueMessages(timeout(t, 5*time.Second), q, 1025, time.Second, false)
+		var ke *kc.Error
+		if !errors.As(err, &ke) || ke.Code != 122 || !errors.Is(err, kc.ErrInvalidArgument) {
+			t.Fatalf("max 1025: %v, want Error 122", err)
+		}
 	})
 	t.Run("transaction of another stream", func(t *testing.T) {
 		q := fresh(t, "q")

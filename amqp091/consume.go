@@ -199,12 +199,19 @@ func (cs *consumer) creditLocked() int {
 	return max(n, 0)
 }
 
+// waitCredit waits until cs may fetch, and returns how many. While some
+// of its deliveries are still unacknowledged it waits for half its window
+// to be free: every fetch costs the lease engine a KubeMQ round trip or
+// several, so refilling one message at a time as acks trickle in would
+// starve a fast consumer. The client stays busy with the other half.
 func (cs *consumer) waitCredit() int {
 	for {
 		cs.ch.dmu.Lock()
 		n := cs.creditLocked()
+		low := cs.lowWaterLocked()
+		out := cs.outstanding
 		cs.ch.dmu.Unlock()
-		if n > 0 {
+		if n > 0 && (n >= low || out == 0) {
 			return n
 		}
 		select {
@@ -213,6 +220,18 @@ func (cs *consumer) waitCredit() int {
 			return 0
 		}
 	}
+}
+
+// lowWaterLocked is the credit worth a fetch while deliveries are out.
+func (cs *consumer) lowWaterLocked() int {
+	limit := int(cs.prefetch)
+	if g := int(cs.ch.globalPrefetch); g > 0 && (limit == 0 || g < limit) {
+		limit = g
+	}
+	if cs.noAck || limit == 0 {
+		return 1
+	}
+	return max(1, limit/2)
 }
 
 // deliverPending delivers held-back deliveries first; it reports whether

@@ -26,7 +26,7 @@ import (
 // channel and a virtual host unique to the test, so runs against a shared
 // KubeMQ never see each other's queues.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	addr    string
 	kubemq  string
 	vhost   string
@@ -45,7 +45,7 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func newEnv(t *testing.T, opts ...func(*Options)) *env {
+func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	t.Helper()
 	e := &env{t: t, kubemq: kubemqtest.Address(t), vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
 	e.log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
@@ -148,7 +148,7 @@ func amqpCode(err error) int {
 	return 0
 }
 
-func mustRecv[T any](t *testing.T, c <-chan T, what string) T {
+func mustRecv[T any](t testing.TB, c <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v, ok := <-c:

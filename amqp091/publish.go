@@ -261,7 +261,7 @@ type pubItem struct {
 }
 
 const (
-	publishLanes     = 4
+	publishLanes     = 8
 	publishLaneQueue = 2048
 	// publishBatchBytes keeps one batch well inside KubeMQ's 100 MiB gRPC
 	// message limit; a single bigger message goes alone.

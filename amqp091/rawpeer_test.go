@@ -16,7 +16,7 @@ import (
 // peer is a scripted AMQP client speaking raw frames, for input no real
 // client library would send.
 type peer struct {
-	t  *testing.T
+	t  testing.TB
 	nc net.Conn
 	fr *wire.FrameReader
 	bw *bufio.Writer

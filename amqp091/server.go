@@ -169,7 +169,7 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	if s.deliveries == nil {
-		m, err := delivery.NewManager(engineBackend{opts.Client}, delivery.Options{Logger: opts.Logger})
+		m, err := delivery.NewManager(delivery.NewKubeMQBackend(opts.Client), delivery.Options{Logger: opts.Logger}, opts.Metrics)
 		if err != nil {
 			return nil, err
 		}

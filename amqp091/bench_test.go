@@ -1,0 +1,393 @@
+package amqp091
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Benchmarks of the issue, proxy (embedded KubeMQ) next to RabbitMQ when
+// Debian's rabbitmq-server is installed, same client, same run, 1 KiB
+// bodies. One command:
+//
+//	go test -run '^$' -bench . -benchtime 20000x ./amqp091/
+//
+// Each reports msg/s (deliveries/s for the topic row as well).
+
+const benchBody = 1024
+
+type benchTarget struct {
+	name string
+	url  string
+}
+
+func benchTargets(b *testing.B) []benchTarget {
+	e := newEnv(b)
+	ts := []benchTarget{{"proxy", e.url()}}
+	if u, err := rabbitURL(); err != nil {
+		b.Logf("RabbitMQ not benchmarked: %v", err)
+	} else {
+		ts = append(ts, benchTarget{"rabbitmq", u})
+	}
+	return ts
+}
+
+func benchDial(b *testing.B, url string) (*amqp.Connection, *amqp.Channel) {
+	b.Helper()
+	c, err := amqp.Dial(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	ch, err := c.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, ch
+}
+
+func benchQueue(b *testing.B, ch *amqp.Channel, name string) string {
+	b.Helper()
+	name = name + "-" + randHex(3)
+	if _, err := ch.QueueDeclare(name, false, false, false, false, nil); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ch.QueueDelete(name, false, false, false) })
+	return name
+}
+
+// waitDepth waits until q holds n messages.
+func waitDepth(b *testing.B, ch *amqp.Channel, q string, n int) {
+	b.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st.Messages >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("queue %s holds %d of %d messages", q, st.Messages, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func report(b *testing.B, start time.Time, n int, unit string) {
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), unit)
+}
+
+// fill publishes n messages to q with confirms (untimed setup).
+func fill(b *testing.B, ch *amqp.Channel, q string, n int) {
+	b.Helper()
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	body := make([]byte, benchBody)
+	var last *amqp.DeferredConfirmation
+	for i := range n {
+		dc, err := ch.PublishWithDeferredConfirm("", q, false, false, amqp.Publishing{Body: body})
+		if err != nil {
+			b.Fatal(err)
+		}
+		last = dc
+		if i%1000 == 999 {
+			last.Wait()
+		}
+	}
+	if last != nil {
+		last.Wait()
+	}
+}
+
+// BenchmarkPublish: publish without confirms, until every message is stored.
+func BenchmarkPublish(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, ch := benchDial(b, tg.url)
+			_, admin := benchDial(b, tg.url)
+			q := benchQueue(b, admin, "bench-pub")
+			body := make([]byte, benchBody)
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: body}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			waitDepth(b, admin, q, b.N)
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
+		})
+	}
+}
+
+// BenchmarkPublishConfirms: publisher confirms with a window of 1000.
+func BenchmarkPublishConfirms(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, ch := benchDial(b, tg.url)
+			q := benchQueue(b, ch, "bench-conf")
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
+			body := make([]byte, benchBody)
+			b.ResetTimer()
+			start := time.Now()
+			out, confirmed := 0, 0
+			wait := func() {
+				c := mustRecv(b, confirms, "confirm")
+				if !c.Ack {
+					b.Fatal("nack")
+				}
+				out--
+				confirmed++
+			}
+			for range b.N {
+				for out >= 1000 {
+					wait()
+				}
+				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: body}); err != nil {
+					b.Fatal(err)
+				}
+				out++
+			}
+			for confirmed < b.N {
+				wait()
+			}
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
+		})
+	}
+}
+
+// BenchmarkConsume: consume a filled queue with prefetch 100, acking each.
+func BenchmarkConsume(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, pch := benchDial(b, tg.url)
+			q := benchQueue(b, pch, "bench-cons")
+			fill(b, pch, q, b.N)
+			_, ch := benchDial(b, tg.url)
+			if err := ch.Qos(100, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			msgs, err := ch.Consume(q, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range b.N {
+				d := mustRecv(b, msgs, "delivery")
+				if err := d.Ack(false); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
+		})
+	}
+}
+
+// BenchmarkTopicFanout: one topic exchange routing every publish to 10
+// queues, each with its own consumer (prefetch 100, acking each).
+func BenchmarkTopicFanout(b *testing.B) {
+	const queues = 10
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, pch := benchDial(b, tg.url)
+			x := "bench-topic-" + randHex(3)
+			if err := pch.ExchangeDeclare(x, "topic", false, true, false, false, nil); err != nil {
+				b.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			for range queues {
+				conn, ch := benchDial(b, tg.url)
+				_ = conn
+				q := benchQueue(b, ch, "bench-topic-q")
+				if err := ch.QueueBind(q, "bench.#", x, false, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := ch.Qos(100, 0, false); err != nil {
+					b.Fatal(err)
+				}
+				msgs, err := ch.Consume(q, "", false, false, false, false, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range b.N {
+						select {
+						case d := <-msgs:
+							d.Ack(false)
+						case <-ctx.Done():
+							return
+						}
+					}
+				}()
+			}
+			body := make([]byte, benchBody)
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				if err := pch.Publish(x, "bench.key."+strconv.Itoa(i%7), false, false, amqp.Publishing{Body: body}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wg.Wait()
+			b.StopTimer()
+			if ctx.Err() != nil {
+				b.Fatal("deliveries timed out")
+			}
+			report(b, start, b.N, "publish/s")
+			report(b, start, b.N*queues, "deliveries/s")
+		})
+	}
+}
+
+// --- RabbitMQ for comparison ---
+
+var (
+	rabbitOnce sync.Once
+	rabbitAddr string
+	rabbitErr  error
+	rabbitStop func()
+)
+
+// rabbitURL starts Debian's rabbitmq-server once per test binary on free
+// loopback ports, in a temporary directory of its own (node name, mnesia,
+// logs, cookie, epmd port), and returns its URL.
+func rabbitURL() (string, error) {
+	rabbitOnce.Do(func() { rabbitAddr, rabbitErr = startRabbit() })
+	if rabbitErr != nil {
+		return "", rabbitErr
+	}
+	return "amqp://guest:guest@" + rabbitAddr + "/", nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startRabbit() (string, error) {
+	const server = "/usr/sbin/rabbitmq-server"
+	if _, err := os.Stat(server); err != nil {
+		return "", fmt.Errorf("%s not installed", server)
+	}
+	dir, err := os.MkdirTemp("", "amqp091-rabbit-")
+	if err != nil {
+		return "", err
+	}
+	// Debian's script drops to the rabbitmq user when run as root: it must
+	// be able to write here.
+	os.Chmod(dir, 0o777)
+	for _, sub := range []string{"mnesia", "log"} {
+		os.Mkdir(filepath.Join(dir, sub), 0o777)
+		os.Chmod(filepath.Join(dir, sub), 0o777)
+	}
+	var ports [3]int
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return "", err
+		}
+	}
+	name := "bench" + randHex(3)
+	conf := filepath.Join(dir, "rabbitmq.conf")
+	os.WriteFile(conf, []byte("listeners.tcp.1 = 127.0.0.1:"+strconv.Itoa(ports[0])+"\nloopback_users = none\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644)
+	// epmd runs as our own child on its own port, so stopping is exact.
+	epmd := exec.Command("epmd", "-port", strconv.Itoa(ports[2]))
+	epmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := epmd.Start(); err != nil {
+		return "", fmt.Errorf("epmd: %w", err)
+	}
+	// The script behind /usr/sbin/rabbitmq-server, run directly (not through
+	// su) in a process group of its own.
+	cmd := exec.Command("/usr/lib/rabbitmq/bin/rabbitmq-server")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"HOME="+dir,
+		"RABBITMQ_NODENAME="+name+"@localhost",
+		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
+		"RABBITMQ_NODE_PORT="+strconv.Itoa(ports[0]),
+		"RABBITMQ_DIST_PORT="+strconv.Itoa(ports[1]),
+		"ERL_EPMD_PORT="+strconv.Itoa(ports[2]),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
+		"RABBITMQ_CONFIG_FILE="+strings.TrimSuffix(conf, ".conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
+	)
+	logf, _ := os.Create(filepath.Join(dir, "stdout.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		epmd.Process.Kill()
+		epmd.Wait()
+		return "", err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	rabbitStop = func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		syscall.Kill(-epmd.Process.Pid, syscall.SIGKILL)
+		epmd.Wait()
+		os.RemoveAll(dir)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			out, _ := os.ReadFile(filepath.Join(dir, "stdout.log"))
+			exited <- err
+			return "", fmt.Errorf("rabbitmq-server exited: %v\n%s", err, out)
+		default:
+		}
+		if c, err := amqp.Dial("amqp://guest:guest@" + addr + "/"); err == nil {
+			c.Close()
+			return addr, nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rabbitStop()
+	return "", fmt.Errorf("rabbitmq-server did not start within 90s")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if rabbitStop != nil {
+		rabbitStop()
+	}
+	os.Exit(code)
+}

@@ -536,6 +536,52 @@ func TestRecordRetryUsesFreshIDs(t *testing.T) {
 	})
 }
 
+// TestDuplicateRecordsCollapse: a record stored twice (the send failed ambiguously and was
+// retried under a new id) must not make the lease's records multiply at every return.
+func TestDuplicateRecordsCollapse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		f.send(t, testQueue, "m1")
+		first := true
+		f.ambiguous = func(q string, msgs []Message) bool {
+			if first && msgs[0].Tags[TagRecord] != "" {
+				first = false
+				return true
+			}
+			return false
+		}
+		c, _ := newTestConsumer(t, f, Options{})
+		defer closeConsumer(t, c)
+		d := fetchFor(t, c, 1, time.Second)
+		if len(d) != 1 {
+			t.Fatal("not delivered")
+		}
+		if _, delayed := f.stored(testQueue); delayed != 2 {
+			t.Fatalf("%d records stored, want the duplicate too", delayed)
+		}
+		// Both copies return while nobody polls, so one Get takes them together; then five
+		// more record cycles with a fetcher polling. The lease stays live throughout.
+		time.Sleep(15 * time.Second)
+		if r := fetchFor(t, c, 10, 50*time.Second); len(r) != 0 {
+			t.Fatalf("held message redelivered: %+v", r[0])
+		}
+		if _, delayed := f.stored(testQueue); delayed != 1 {
+			t.Errorf("%d records pending for one lease after six cycles, want 1", delayed)
+		}
+		if st := c.Stats(); st.EntriesRearmed > 7 || st.EntriesObsolete < 1 {
+			t.Errorf("one lease re-armed %d times in six cycles (%d dropped): duplicate entries survive",
+				st.EntriesRearmed, st.EntriesObsolete)
+		}
+		if !c.Ack(d[0].LeaseID)[0] {
+			t.Error("ack refused")
+		}
+		if r := fetchFor(t, c, 1, 30*time.Second); len(r) != 0 {
+			t.Errorf("acked message redelivered: %+v", r[0])
+		}
+		checkNoViolations(t, f)
+	})
+}
+
 func TestReleaseAndClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeKubeMQ(t)

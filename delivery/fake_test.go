@@ -23,6 +23,7 @@ type fakeKubeMQ struct {
 	changed    chan struct{} // closed and replaced on every change
 	violations []string
 	sendFail   func(queue string, msgs []Message) ([]error, error) // nil = store everything
+	ambiguous  func(queue string, msgs []Message) bool               // true: store, then report failure
 	sends      int
 }
 
@@ -195,6 +196,11 @@ func (c *fakeClient) Send(ctx context.Context, queue string, msgs []Message) ([]
 		q.ready = append(q.ready, m)
 	}
 	f.notifyLocked()
+	if f.ambiguous != nil && f.ambiguous(queue, msgs) {
+		for i := range res {
+			res[i] = errFakeDown
+		}
+	}
 	return res, nil
 }
 

@@ -249,6 +249,17 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	delay := c.opts.RecordDelay
 	fresh := now.Add(2 * delay).UnixMilli()
 
+	var entries []entry
+	for _, r := range recs {
+		es, err := decodeRecord(r.Body)
+		if err != nil {
+			// Only a foreign writer using the reserved tag produces this; what can be read is kept.
+			c.st.corrupt.Add(1)
+			c.log.Error("dropping undecodable part of a lease record", zap.String("id", r.ID), zap.Error(err))
+		}
+		entries = append(entries, es...)
+	}
+
 	c.mu.Lock()
 	owner := c.owner
 	type pending struct {
@@ -259,27 +270,39 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	var rearms []pending
 	var bounce [][]byte
 	var recover []entry
-	for _, r := range recs {
-		es, err := decodeRecord(r.Body)
-		if err != nil {
-			c.st.corrupt.Add(1)
-			c.log.Error("dropping undecodable part of a lease record", zap.String("id", r.ID), zap.Error(err))
-		}
-		for i := range es {
-			e := &es[i]
-			switch {
-			case e.owner == owner:
-				l := c.table[e.lease]
-				if l == nil || l.gen != e.gen {
-					c.st.obsolete.Add(1)
-					continue
-				}
-				rearms = append(rearms, pending{l, l.gen + 1, c.expiresAtLocked(l, now)})
-			case c.pastOwnerLocked(e.owner) || now.UnixMilli() >= e.expiresAt+delay.Milliseconds():
-				recover = append(recover, *e)
-			default:
-				bounce = append(bounce, e.raw)
+	// Two copies of one entry (a record stored twice after an ambiguous send failure) must
+	// not turn into two live records or two redeliveries.
+	type entryKey struct {
+		owner ownerID
+		lease leaseKey
+		gen   uint32
+	}
+	var seenEntry map[entryKey]struct{}
+	if len(entries) > 1 {
+		seenEntry = make(map[entryKey]struct{}, len(entries))
+	}
+	for i := range entries {
+		e := &entries[i]
+		if seenEntry != nil {
+			k := entryKey{e.owner, e.lease, e.gen}
+			if _, dup := seenEntry[k]; dup {
+				c.st.obsolete.Add(1)
+				continue
 			}
+			seenEntry[k] = struct{}{}
+		}
+		switch {
+		case e.owner == owner:
+			l := c.table[e.lease]
+			if l == nil || l.gen != e.gen {
+				c.st.obsolete.Add(1)
+				continue
+			}
+			rearms = append(rearms, pending{l, l.gen + 1, c.expiresAtLocked(l, now)})
+		case c.pastOwnerLocked(e.owner) || now.UnixMilli() >= e.expiresAt+delay.Milliseconds():
+			recover = append(recover, *e)
+		default:
+			bounce = append(bounce, e.raw)
 		}
 	}
 	c.mu.Unlock()

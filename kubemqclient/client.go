@@ -132,10 +132,14 @@ type closer interface{ Close() error }
 
 // Dial creates a client. It does not wait for the server: it starts a health
 // loop that pings with backoff and drives Ready, WaitReady and StateChanges.
-// It fails only for invalid options.
+// It fails only for invalid options (or an already ended ctx); use WaitReady
+// to wait for the server.
 func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, wrapErr("Dial", err)
 	}
 	creds := insecure.NewCredentials()
 	if opts.TLS != nil {

@@ -43,6 +43,7 @@ type Downstream struct {
 	closing  bool
 	lastTx   string
 	maxWait  time.Duration // longest Get wait used; bounds Close's wait
+	gets     int64         // Gets sent on this stream
 	closeErr error
 	closed   chan struct{} // closed when Close has finished
 }
@@ -130,6 +131,16 @@ func (d *Downstream) Err() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.dead
+}
+
+// Gets counts the Gets sent on this stream. The real server keeps every
+// transaction of a stream, completed or not, until the stream ends
+// (kubemq-api.md 8.1), so a long-lived poller should replace its stream now
+// and then, when it holds nothing.
+func (d *Downstream) Gets() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gets
 }
 
 // OpenTransactions returns the ids of transactions with messages this stream
@@ -257,6 +268,7 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 	wait := max(g.Wait, time.Second)
 	d.mu.Lock()
 	d.maxWait = max(d.maxWait, wait)
+	d.gets++
 	d.mu.Unlock()
 	rep, err := d.call(ctx, op, &pb.QueuesDownstreamRequest{
 		RequestTypeData: pb.QueuesDownstreamRequestType_Get,

@@ -20,8 +20,9 @@ func (c *Client) PublishEvent(ctx context.Context, e Event) (PublishResult, erro
 	return rs[0], rs[0].Err
 }
 
-// PublishEvents publishes events to the events store over the client's one
-// shared SendEventsStream, pipelined with every other caller. The whole batch
+// PublishEvents publishes events to the events store over the client's
+// shared SendEventsStream streams (Options.PublishStreams; a batch stays on
+// one stream, in order), pipelined with every other caller. The whole batch
 // is validated before anything is sent. The error is for the call as a whole
 // (validation, ctx, closed client); per-event failures, including Sent=false
 // and a stream broken before the event was answered (retryable), are in the

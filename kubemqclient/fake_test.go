@@ -504,6 +504,9 @@ func TestDownstreamSettlementFailures(t *testing.T) {
 	if _, err := ds.Get(within(t, time.Second), GetRequest{Channel: "q", MaxItems: 0}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("MaxItems 0: %v", err)
 	}
+	if n := ds.Gets(); n != 1 {
+		t.Fatalf("Gets() = %d, want 1", n)
+	}
 }
 
 func TestDownstreamBrokenStream(t *testing.T) {

@@ -271,7 +271,20 @@ var (
 	rabbitAddr string
 	rabbitErr  error
 	rabbitStop func()
+	rabbitEnvs []string // environment of the node, for rabbitmqctl
+	rabbitNode string
 )
+
+// rabbitctl runs rabbitmqctl against the test node.
+func rabbitctl(args ...string) error {
+	cmd := exec.Command("/usr/lib/rabbitmq/bin/rabbitmqctl", append([]string{"-n", rabbitNode}, args...)...)
+	cmd.Env = rabbitEnvs
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+	return nil
+}
 
 // rabbitURL starts Debian's rabbitmq-server once per test binary on free
 // loopback ports, in a temporary directory of its own (node name, mnesia,
@@ -343,6 +356,7 @@ func startRabbit() (string, error) {
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
 		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
 	)
+	rabbitEnvs, rabbitNode = cmd.Env, name+"@localhost"
 	logf, _ := os.Create(filepath.Join(dir, "stdout.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

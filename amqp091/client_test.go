@@ -11,41 +11,42 @@ import (
 )
 
 func TestPublishConsumeAck(t *testing.T) {
-	e := newEnv(t)
-	c := e.dial()
-	ch := e.channel(c)
-	q, err := ch.QueueDeclare("", false, false, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(q.Name) != len("amq.gen-")+22 {
-		t.Fatalf("server-named queue %q", q.Name)
-	}
-	for i := range 3 {
-		err := ch.Publish("", q.Name, false, false, amqp.Publishing{ContentType: "text/plain", Body: []byte(fmt.Sprint("m", i)),
-			Headers: amqp.Table{"n": int32(i)}, DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint("id", i)})
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := e.channel(c)
+		q, err := ch.QueueDeclare("", false, false, true, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	msgs, err := ch.Consume(q.Name, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		d := mustRecv(t, msgs, "delivery")
-		if string(d.Body) != fmt.Sprint("m", i) || d.ContentType != "text/plain" || d.Headers["n"] != int32(i) ||
-			d.DeliveryMode != amqp.Persistent || d.MessageId != fmt.Sprint("id", i) || d.Redelivered ||
-			d.Exchange != "" || d.RoutingKey != q.Name {
-			t.Fatalf("delivery %d: %+v", i, d)
+		if len(q.Name) != len("amq.gen-")+22 {
+			t.Fatalf("server-named queue %q", q.Name)
 		}
-		if err := d.Ack(false); err != nil {
+		for i := range 3 {
+			err := ch.Publish("", q.Name, false, false, amqp.Publishing{ContentType: "text/plain", Body: []byte(fmt.Sprint("m", i)),
+				Headers: amqp.Table{"n": int32(i)}, DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint("id", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		msgs, err := ch.Consume(q.Name, "", false, false, false, false, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := ch.Close(); err != nil {
-		t.Fatal(err)
-	}
+		for i := range 3 {
+			d := mustRecv(t, msgs, "delivery")
+			if string(d.Body) != fmt.Sprint("m", i) || d.ContentType != "text/plain" || d.Headers["n"] != int32(i) ||
+				d.DeliveryMode != amqp.Persistent || d.MessageId != fmt.Sprint("id", i) || d.Redelivered ||
+				d.Exchange != "" || d.RoutingKey != q.Name {
+				t.Fatalf("delivery %d: %+v", i, d)
+			}
+			if err := d.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ch.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // publishConfirmed publishes with confirms and waits for every ack.
@@ -83,352 +84,360 @@ func drain(t *testing.T, ch *amqp.Channel, q string) []string {
 }
 
 func TestExchangeTypesRouting(t *testing.T) {
-	e := newEnv(t)
-	ch := e.channel(e.dial())
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range []struct{ name, kind string }{{"dx", "direct"}, {"fx", "fanout"}, {"tx", "topic"}, {"hx", "headers"}} {
-		if err := ch.ExchangeDeclare(x.name, x.kind, false, false, false, false, nil); err != nil {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if err := ch.Confirm(false); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for _, q := range []string{"q1", "q2", "q3"} {
-		if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+		for _, x := range []struct{ name, kind string }{{"dx", "direct"}, {"fx", "fanout"}, {"tx", "topic"}, {"hx", "headers"}} {
+			if err := ch.ExchangeDeclare(x.name, x.kind, false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, q := range []string{"q1", "q2", "q3"} {
+			if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		binds := []struct {
+			q, key, x string
+			args      amqp.Table
+		}{
+			{"q1", "red", "dx", nil}, {"q2", "blue", "dx", nil},
+			{"q1", "", "fx", nil}, {"q3", "", "fx", nil},
+			{"q1", "a.*", "tx", nil}, {"q2", "a.#", "tx", nil}, {"q3", "#.z", "tx", nil},
+			{"q1", "", "hx", amqp.Table{"x-match": "all", "k": "v", "n": int32(1)}},
+			{"q2", "", "hx", amqp.Table{"x-match": "any", "k": "v", "n": int32(2)}},
+		}
+		for _, b := range binds {
+			if err := ch.QueueBind(b.q, b.key, b.x, false, b.args); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// e2e: fx also feeds tx.
+		if err := ch.ExchangeBind("tx", "", "fx", false, nil); err != nil {
 			t.Fatal(err)
 		}
-	}
-	binds := []struct {
-		q, key, x string
-		args      amqp.Table
-	}{
-		{"q1", "red", "dx", nil}, {"q2", "blue", "dx", nil},
-		{"q1", "", "fx", nil}, {"q3", "", "fx", nil},
-		{"q1", "a.*", "tx", nil}, {"q2", "a.#", "tx", nil}, {"q3", "#.z", "tx", nil},
-		{"q1", "", "hx", amqp.Table{"x-match": "all", "k": "v", "n": int32(1)}},
-		{"q2", "", "hx", amqp.Table{"x-match": "any", "k": "v", "n": int32(2)}},
-	}
-	for _, b := range binds {
-		if err := ch.QueueBind(b.q, b.key, b.x, false, b.args); err != nil {
+		pub := func(x, key string, h amqp.Table, body string) {
+			dc, err := ch.PublishWithDeferredConfirm(x, key, false, false, amqp.Publishing{Headers: h, Body: []byte(body)})
+			if err != nil || !dc.Wait() {
+				t.Fatalf("publish %s: %v", body, err)
+			}
+		}
+		pub("dx", "red", nil, "d-red")
+		pub("dx", "blue", nil, "d-blue")
+		pub("dx", "green", nil, "d-green")
+		pub("fx", "a.b", nil, "f")                                  // fx -> q1, q3; fx -> tx: a.b -> q1 (a.*), q2 (a.#); q1 once
+		pub("tx", "a.b.z", nil, "t")                                // q2 (a.#), q3 (#.z)
+		pub("hx", "", amqp.Table{"k": "v", "n": int32(1)}, "h-all") // q1 and q2 (any k=v)
+		pub("hx", "", amqp.Table{"n": int64(2)}, "h-any")           // q2
+		pub("hx", "", amqp.Table{"k": "x"}, "h-none")
+		want := map[string][]string{
+			"q1": {"d-red", "f", "h-all"},
+			"q2": {"d-blue", "f", "h-all", "h-any", "t"},
+			"q3": {"f", "t"},
+		}
+		for q, w := range want {
+			if got := drain(t, ch, q); !slices.Equal(got, w) {
+				t.Errorf("%s: got %v, want %v", q, got, w)
+			}
+		}
+		// Unbinding stops the flow; deleting the e2e binding too.
+		if err := ch.QueueUnbind("q1", "red", "dx", nil); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// e2e: fx also feeds tx.
-	if err := ch.ExchangeBind("tx", "", "fx", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	pub := func(x, key string, h amqp.Table, body string) {
-		dc, err := ch.PublishWithDeferredConfirm(x, key, false, false, amqp.Publishing{Headers: h, Body: []byte(body)})
-		if err != nil || !dc.Wait() {
-			t.Fatalf("publish %s: %v", body, err)
+		if err := ch.ExchangeUnbind("tx", "", "fx", false, nil); err != nil {
+			t.Fatal(err)
 		}
-	}
-	pub("dx", "red", nil, "d-red")
-	pub("dx", "blue", nil, "d-blue")
-	pub("dx", "green", nil, "d-green")
-	pub("fx", "a.b", nil, "f")                                  // fx -> q1, q3; fx -> tx: a.b -> q1 (a.*), q2 (a.#); q1 once
-	pub("tx", "a.b.z", nil, "t")                                // q2 (a.#), q3 (#.z)
-	pub("hx", "", amqp.Table{"k": "v", "n": int32(1)}, "h-all") // q1 and q2 (any k=v)
-	pub("hx", "", amqp.Table{"n": int64(2)}, "h-any")           // q2
-	pub("hx", "", amqp.Table{"k": "x"}, "h-none")
-	want := map[string][]string{
-		"q1": {"d-red", "f", "h-all"},
-		"q2": {"d-blue", "f", "h-all", "h-any", "t"},
-		"q3": {"f", "t"},
-	}
-	for q, w := range want {
-		if got := drain(t, ch, q); !slices.Equal(got, w) {
-			t.Errorf("%s: got %v, want %v", q, got, w)
+		pub("dx", "red", nil, "d-red2")
+		pub("fx", "a.b", nil, "f2")
+		if got := drain(t, ch, "q1"); !slices.Equal(got, []string{"f2"}) {
+			t.Errorf("q1 after unbind: %v", got)
 		}
-	}
-	// Unbinding stops the flow; deleting the e2e binding too.
-	if err := ch.QueueUnbind("q1", "red", "dx", nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeUnbind("tx", "", "fx", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	pub("dx", "red", nil, "d-red2")
-	pub("fx", "a.b", nil, "f2")
-	if got := drain(t, ch, "q1"); !slices.Equal(got, []string{"f2"}) {
-		t.Errorf("q1 after unbind: %v", got)
-	}
-	if got := drain(t, ch, "q2"); len(got) != 0 {
-		t.Errorf("q2 after e2e unbind: %v", got)
-	}
+		if got := drain(t, ch, "q2"); len(got) != 0 {
+			t.Errorf("q2 after e2e unbind: %v", got)
+		}
+	})
 }
 
 func TestConfirmsAndReturns(t *testing.T) {
-	e := newEnv(t)
-	ch := e.channel(e.dial())
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 100))
-	q, err := ch.QueueDeclare("cq", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 50
-	for i := range n {
-		if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte(fmt.Sprint(i))}); err != nil {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if err := ch.Confirm(false); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// Unroutable and mandatory: basic.return 312 NO_ROUTE, then the ack.
-	if err := ch.Publish("", "nowhere", true, false, amqp.Publishing{Body: []byte("lost"), MessageId: "m1"}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range n + 1 {
-		c := mustRecv(t, confirms, "confirm")
-		if c.DeliveryTag != uint64(i+1) || !c.Ack {
-			t.Fatalf("confirm %d: %+v", i, c)
+		returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 100))
+		q, err := ch.QueueDeclare("cq", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	r := mustRecv(t, returns, "return")
-	if r.ReplyCode != 312 || r.ReplyText != "NO_ROUTE" || r.RoutingKey != "nowhere" || string(r.Body) != "lost" || r.MessageId != "m1" {
-		t.Fatalf("return: %+v", r)
-	}
-	// Every acked message is stored.
-	q, err = ch.QueueDeclarePassive("cq", false, false, false, false, nil)
-	if err != nil || q.Messages != n {
-		t.Fatalf("queue holds %d messages (%v), want %d", q.Messages, err, n)
-	}
+		const n = 50
+		for i := range n {
+			if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte(fmt.Sprint(i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Unroutable and mandatory: basic.return 312 NO_ROUTE, then the ack.
+		if err := ch.Publish("", "nowhere", true, false, amqp.Publishing{Body: []byte("lost"), MessageId: "m1"}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n + 1 {
+			c := mustRecv(t, confirms, "confirm")
+			if c.DeliveryTag != uint64(i+1) || !c.Ack {
+				t.Fatalf("confirm %d: %+v", i, c)
+			}
+		}
+		r := mustRecv(t, returns, "return")
+		if r.ReplyCode != 312 || r.ReplyText != "NO_ROUTE" || r.RoutingKey != "nowhere" || string(r.Body) != "lost" || r.MessageId != "m1" {
+			t.Fatalf("return: %+v", r)
+		}
+		// Every acked message is stored.
+		q, err = ch.QueueDeclarePassive("cq", false, false, false, false, nil)
+		if err != nil || q.Messages != n {
+			t.Fatalf("queue holds %d messages (%v), want %d", q.Messages, err, n)
+		}
+	})
 }
 
 func TestGetAndGetEmpty(t *testing.T) {
-	e := newEnv(t)
-	ch := e.channel(e.dial())
-	if _, err := ch.QueueDeclare("gq", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := ch.Get("gq", false); err != nil || ok {
-		t.Fatalf("get on empty queue: ok=%v err=%v", ok, err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	publishConfirmed(t, ch, "", "gq", "one", "two")
-	d, ok, err := ch.Get("gq", false)
-	if err != nil || !ok || string(d.Body) != "one" || d.MessageCount != 1 || d.Redelivered {
-		t.Fatalf("first get: ok=%v err=%v %+v", ok, err, d)
-	}
-	// Reject with requeue: it comes back, redelivered.
-	if err := d.Reject(true); err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for range 2 {
-		d, ok, err := ch.Get("gq", false)
-		if err != nil || !ok {
-			t.Fatalf("get: ok=%v err=%v", ok, err)
-		}
-		seen[string(d.Body)] = d.Redelivered
-		if err := d.Ack(false); err != nil {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if _, err := ch.QueueDeclare("gq", false, false, false, false, nil); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if len(seen) != 2 || !seen["one"] || seen["two"] {
-		t.Fatalf("redelivered flags: %v", seen)
-	}
-	if _, ok, err := ch.Get("gq", true); err != nil || ok {
-		t.Fatalf("drained queue: ok=%v err=%v", ok, err)
-	}
+		if _, ok, err := ch.Get("gq", false); err != nil || ok {
+			t.Fatalf("get on empty queue: ok=%v err=%v", ok, err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "gq", "one", "two")
+		d, ok, err := ch.Get("gq", false)
+		if err != nil || !ok || string(d.Body) != "one" || d.MessageCount != 1 || d.Redelivered {
+			t.Fatalf("first get: ok=%v err=%v %+v", ok, err, d)
+		}
+		// Reject with requeue: it comes back, redelivered.
+		if err := d.Reject(true); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for range 2 {
+			d, ok, err := ch.Get("gq", false)
+			if err != nil || !ok {
+				t.Fatalf("get: ok=%v err=%v", ok, err)
+			}
+			seen[string(d.Body)] = d.Redelivered
+			if err := d.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(seen) != 2 || !seen["one"] || seen["two"] {
+			t.Fatalf("redelivered flags: %v", seen)
+		}
+		if _, ok, err := ch.Get("gq", true); err != nil || ok {
+			t.Fatalf("drained queue: ok=%v err=%v", ok, err)
+		}
+	})
 }
 
 func TestNackAndRequeueOnClose(t *testing.T) {
-	e := newEnv(t)
-	conn := e.dial()
-	ch := e.channel(conn)
-	if _, err := ch.QueueDeclare("nq", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	publishConfirmed(t, ch, "", "nq", "a", "b", "c")
-	msgs, err := ch.Consume("nq", "c1", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]amqp.Delivery{}
-	for range 3 {
-		d := mustRecv(t, msgs, "delivery")
-		got[string(d.Body)] = d
-	}
-	// a: nack without requeue (dropped); b: nack with requeue; c: left unacked.
-	if err := got["a"].Nack(false, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := got["b"].Nack(false, true); err != nil {
-		t.Fatal(err)
-	}
-	d := mustRecv(t, msgs, "redelivery of b")
-	if string(d.Body) != "b" || !d.Redelivered {
-		t.Fatalf("redelivery: %q redelivered=%v", d.Body, d.Redelivered)
-	}
-	// Closing the channel gives b (again unacked) and c back.
-	if err := ch.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ch2 := e.channel(conn)
-	var bodies []string
-	for {
-		d, ok, err := ch2.Get("nq", false)
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		ch := e.channel(conn)
+		if _, err := ch.QueueDeclare("nq", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "nq", "a", "b", "c")
+		msgs, err := ch.Consume("nq", "c1", false, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !ok {
-			break
+		got := map[string]amqp.Delivery{}
+		for range 3 {
+			d := mustRecv(t, msgs, "delivery")
+			got[string(d.Body)] = d
 		}
-		if !d.Redelivered {
-			t.Errorf("%q not marked redelivered", d.Body)
+		// a: nack without requeue (dropped); b: nack with requeue; c: left unacked.
+		if err := got["a"].Nack(false, false); err != nil {
+			t.Fatal(err)
 		}
-		bodies = append(bodies, string(d.Body))
-		d.Ack(false)
-	}
-	sort.Strings(bodies)
-	if !slices.Equal(bodies, []string{"b", "c"}) {
-		t.Fatalf("after close: %v", bodies)
-	}
+		if err := got["b"].Nack(false, true); err != nil {
+			t.Fatal(err)
+		}
+		d := mustRecv(t, msgs, "redelivery of b")
+		if string(d.Body) != "b" || !d.Redelivered {
+			t.Fatalf("redelivery: %q redelivered=%v", d.Body, d.Redelivered)
+		}
+		// Closing the channel gives b (again unacked) and c back.
+		if err := ch.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ch2 := e.channel(conn)
+		var bodies []string
+		for {
+			d, ok, err := ch2.Get("nq", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			if !d.Redelivered {
+				t.Errorf("%q not marked redelivered", d.Body)
+			}
+			bodies = append(bodies, string(d.Body))
+			d.Ack(false)
+		}
+		sort.Strings(bodies)
+		if !slices.Equal(bodies, []string{"b", "c"}) {
+			t.Fatalf("after close: %v", bodies)
+		}
+	})
 }
 
 func TestPrefetchAndRoundRobin(t *testing.T) {
-	e := newEnv(t)
-	conn := e.dial()
-	pch := e.channel(conn)
-	if _, err := pch.QueueDeclare("pq", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := pch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	bodies := make([]string, 10)
-	for i := range bodies {
-		bodies[i] = fmt.Sprint(i)
-	}
-	publishConfirmed(t, pch, "", "pq", bodies...)
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		pch := e.channel(conn)
+		if _, err := pch.QueueDeclare("pq", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := pch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		bodies := make([]string, 10)
+		for i := range bodies {
+			bodies[i] = fmt.Sprint(i)
+		}
+		publishConfirmed(t, pch, "", "pq", bodies...)
 
-	// Two consumers with prefetch 1 on separate channels share the queue.
-	type cons struct {
-		ch   *amqp.Channel
-		msgs <-chan amqp.Delivery
-	}
-	var cs []cons
-	for i := range 2 {
-		ch := e.channel(conn)
-		if err := ch.Qos(1, 0, false); err != nil {
-			t.Fatal(err)
+		// Two consumers with prefetch 1 on separate channels share the queue.
+		type cons struct {
+			ch   *amqp.Channel
+			msgs <-chan amqp.Delivery
 		}
-		msgs, err := ch.Consume("pq", fmt.Sprint("c", i), false, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
+		var cs []cons
+		for i := range 2 {
+			ch := e.channel(conn)
+			if err := ch.Qos(1, 0, false); err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := ch.Consume("pq", fmt.Sprint("c", i), false, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, cons{ch, msgs})
 		}
-		cs = append(cs, cons{ch, msgs})
-	}
-	counts := [2]int{}
-	total := 0
-	for total < 10 {
-		for i, c := range cs {
-			select {
-			case d := <-c.msgs:
-				// Prefetch 1: nothing more may arrive before this ack.
+		counts := [2]int{}
+		total := 0
+		for total < 10 {
+			for i, c := range cs {
 				select {
-				case extra := <-c.msgs:
-					t.Fatalf("consumer %d got %q beyond prefetch 1", i, extra.Body)
-				default:
+				case d := <-c.msgs:
+					// Prefetch 1: nothing more may arrive before this ack.
+					select {
+					case extra := <-c.msgs:
+						t.Fatalf("consumer %d got %q beyond prefetch 1", i, extra.Body)
+					default:
+					}
+					counts[i]++
+					total++
+					d.Ack(false)
+				case <-time.After(5 * time.Millisecond):
 				}
-				counts[i]++
-				total++
-				d.Ack(false)
-			case <-time.After(5 * time.Millisecond):
 			}
 		}
-	}
-	if counts[0] == 0 || counts[1] == 0 {
-		t.Fatalf("one consumer got everything: %v", counts)
-	}
+		if counts[0] == 0 || counts[1] == 0 {
+			t.Fatalf("one consumer got everything: %v", counts)
+		}
+	})
 }
 
 func TestConsumerCancelNotification(t *testing.T) {
-	e := newEnv(t)
-	conn := e.dial()
-	ch := e.channel(conn)
-	if _, err := ch.QueueDeclare("doomed", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	cancels := ch.NotifyCancel(make(chan string, 1))
-	if _, err := ch.Consume("doomed", "watcher", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	other := e.channel(e.dial())
-	if _, err := other.QueueDelete("doomed", false, false, false); err != nil {
-		t.Fatal(err)
-	}
-	if tag := mustRecv(t, cancels, "basic.cancel"); tag != "watcher" {
-		t.Fatalf("cancelled %q", tag)
-	}
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		ch := e.channel(conn)
+		if _, err := ch.QueueDeclare("doomed", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		cancels := ch.NotifyCancel(make(chan string, 1))
+		if _, err := ch.Consume("doomed", "watcher", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		other := e.channel(e.dial())
+		if _, err := other.QueueDelete("doomed", false, false, false); err != nil {
+			t.Fatal(err)
+		}
+		if tag := mustRecv(t, cancels, "basic.cancel"); tag != "watcher" {
+			t.Fatalf("cancelled %q", tag)
+		}
+	})
 }
 
 func TestExclusiveQueue(t *testing.T) {
-	e := newEnv(t)
-	owner := e.channel(e.dial())
-	q, err := owner.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := e.channel(e.dial())
-	_, err = other.Consume(q.Name, "", false, false, false, false, nil)
-	want := "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '" + q.Name + "' in vhost '" + e.vhost + "'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
-	if amqpCode(err) != 405 || err.(*amqp.Error).Reason != want {
-		t.Fatalf("consume from another connection: %v", err)
-	}
-	// Publishing to it from anywhere is fine.
-	pub := e.channel(e.dial())
-	if err := pub.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	publishConfirmed(t, pub, "", q.Name, "x")
-	if got := drain(t, owner, q.Name); !slices.Equal(got, []string{"x"}) {
-		t.Fatalf("owner got %v", got)
-	}
+	brokers(t, func(t *testing.T, e *env) {
+		owner := e.channel(e.dial())
+		q, err := owner.QueueDeclare("", false, true, true, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := e.channel(e.dial())
+		_, err = other.Consume(q.Name, "", false, false, false, false, nil)
+		want := "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '" + q.Name + "' in vhost '" + e.vhost + "'. It could be originally declared on another connection or the exclusive property value does not match that of the original declaration."
+		if amqpCode(err) != 405 || err.(*amqp.Error).Reason != want {
+			t.Fatalf("consume from another connection: %v", err)
+		}
+		// Publishing to it from anywhere is fine.
+		pub := e.channel(e.dial())
+		if err := pub.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, pub, "", q.Name, "x")
+		if got := drain(t, owner, q.Name); !slices.Equal(got, []string{"x"}) {
+			t.Fatalf("owner got %v", got)
+		}
+	})
 }
 
 func TestTransactions(t *testing.T) {
-	e := newEnv(t)
-	ch := e.channel(e.dial())
-	if _, err := ch.QueueDeclare("txq", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Tx(); err != nil {
-		t.Fatal(err)
-	}
-	ch.Publish("", "txq", false, false, amqp.Publishing{Body: []byte("rolled back")})
-	if err := ch.TxRollback(); err != nil {
-		t.Fatal(err)
-	}
-	ch.Publish("", "txq", false, false, amqp.Publishing{Body: []byte("committed")})
-	if got := drain(t, ch, "txq"); len(got) != 0 {
-		t.Fatalf("visible before commit: %v", got)
-	}
-	if err := ch.TxCommit(); err != nil {
-		t.Fatal(err)
-	}
-	d, ok, err := ch.Get("txq", false)
-	if err != nil || !ok || string(d.Body) != "committed" {
-		t.Fatalf("after commit: %v %v %q", ok, err, d.Body)
-	}
-	// An ack inside a rolled-back transaction is undone.
-	d.Ack(false)
-	if err := ch.TxRollback(); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ch = e.channel(e.dial())
-	if got := drain(t, ch, "txq"); !slices.Equal(got, []string{"committed"}) {
-		t.Fatalf("after rollback of the ack: %v", got)
-	}
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if _, err := ch.QueueDeclare("txq", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Tx(); err != nil {
+			t.Fatal(err)
+		}
+		ch.Publish("", "txq", false, false, amqp.Publishing{Body: []byte("rolled back")})
+		if err := ch.TxRollback(); err != nil {
+			t.Fatal(err)
+		}
+		ch.Publish("", "txq", false, false, amqp.Publishing{Body: []byte("committed")})
+		if got := drain(t, ch, "txq"); len(got) != 0 {
+			t.Fatalf("visible before commit: %v", got)
+		}
+		if err := ch.TxCommit(); err != nil {
+			t.Fatal(err)
+		}
+		d, ok, err := ch.Get("txq", false)
+		if err != nil || !ok || string(d.Body) != "committed" {
+			t.Fatalf("after commit: %v %v %q", ok, err, d.Body)
+		}
+		// An ack inside a rolled-back transaction is undone.
+		d.Ack(false)
+		if err := ch.TxRollback(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ch = e.channel(e.dial())
+		if got := drain(t, ch, "txq"); !slices.Equal(got, []string{"committed"}) {
+			t.Fatalf("after rollback of the ack: %v", got)
+		}
+	})
 }

@@ -43,7 +43,7 @@ func TestNodeAmqplib(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(clientsDir(t), "node_modules", "amqplib")); err != nil {
 		t.Skip("amqplib is not installed: run npm install in test/amqp-clients")
 	}
-	runClient(t, newEnv(t), node, "node_client.js")
+	brokers(t, func(t *testing.T, e *env) { runClient(t, e, node, "node_client.js") })
 }
 
 func TestPythonPika(t *testing.T) {
@@ -54,5 +54,5 @@ func TestPythonPika(t *testing.T) {
 	if err := exec.Command(py, "-c", "import pika").Run(); err != nil {
 		t.Skip("pika is not installed (Debian package python3-pika)")
 	}
-	runClient(t, newEnv(t), py, "pika_client.py")
+	brokers(t, func(t *testing.T, e *env) { runClient(t, e, py, "pika_client.py") })
 }

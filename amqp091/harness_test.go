@@ -162,3 +162,28 @@ func mustRecv[T any](t testing.TB, c <-chan T, what string) T {
 	var zero T
 	return zero
 }
+
+// rabbitEnv is an env on the test RabbitMQ (started once per test binary)
+// with a fresh virtual host, so the same scenarios run against both brokers
+// and must observe the same. It skips the test when RabbitMQ is missing.
+func rabbitEnv(t testing.TB) *env {
+	t.Helper()
+	if _, err := rabbitURL(); err != nil {
+		t.Skipf("differential run against RabbitMQ skipped: %v", err)
+	}
+	e := &env{t: t, addr: rabbitAddr, vhost: "t-" + randHex(4)}
+	if err := rabbitctl("add_vhost", e.vhost); err != nil {
+		t.Fatal(err)
+	}
+	if err := rabbitctl("set_permissions", "-p", e.vhost, "guest", ".*", ".*", ".*"); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// brokers runs a scenario against the proxy and, when it is installed,
+// against RabbitMQ: what the clients observe must be the same.
+func brokers(t *testing.T, scenario func(t *testing.T, e *env)) {
+	t.Run("proxy", func(t *testing.T) { scenario(t, newEnv(t)) })
+	t.Run("rabbitmq", func(t *testing.T) { scenario(t, rabbitEnv(t)) })
+}

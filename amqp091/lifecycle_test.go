@@ -44,70 +44,71 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 }
 
 func TestStreadwayClient(t *testing.T) {
-	e := newEnv(t)
-	conn, err := streadway.Dial(e.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeDeclare("logs", "topic", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "app.*", "logs", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	confirms := ch.NotifyPublish(make(chan streadway.Confirmation, 4))
-	returns := ch.NotifyReturn(make(chan streadway.Return, 1))
-	for _, key := range []string{"app.info", "app.debug", "other.info"} {
-		if err := ch.Publish("logs", key, key == "other.info", false, streadway.Publishing{Body: []byte(key),
-			Headers: streadway.Table{"k": "v"}}); err != nil {
+	brokers(t, func(t *testing.T, e *env) {
+		conn, err := streadway.Dial(e.url())
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	for i := range 3 {
-		if c := mustRecv(t, confirms, "confirm"); !c.Ack || c.DeliveryTag != uint64(i+1) {
-			t.Fatalf("confirm %+v", c)
-		}
-	}
-	if r := mustRecv(t, returns, "return"); r.ReplyCode != 312 || r.RoutingKey != "other.info" {
-		t.Fatalf("return %+v", r)
-	}
-	if err := ch.Qos(1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := ch.Consume(q.Name, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for range 2 {
-		d := mustRecv(t, msgs, "delivery")
-		if d.Exchange != "logs" || d.Headers["k"] != "v" {
-			t.Fatalf("delivery %+v", d)
-		}
-		got = append(got, d.RoutingKey)
-		if err := d.Ack(false); err != nil {
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	if !slices.Equal(got, []string{"app.info", "app.debug"}) {
-		t.Fatalf("got %v", got)
-	}
-	d, ok, err := ch.Get(q.Name, true)
-	if err != nil || ok {
-		t.Fatalf("get on drained queue: %v %v %+v", ok, err, d)
-	}
+		if err := ch.ExchangeDeclare("logs", "topic", true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		q, err := ch.QueueDeclare("", false, true, true, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.QueueBind(q.Name, "app.*", "logs", false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		confirms := ch.NotifyPublish(make(chan streadway.Confirmation, 4))
+		returns := ch.NotifyReturn(make(chan streadway.Return, 1))
+		for _, key := range []string{"app.info", "app.debug", "other.info"} {
+			if err := ch.Publish("logs", key, key == "other.info", false, streadway.Publishing{Body: []byte(key),
+				Headers: streadway.Table{"k": "v"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 3 {
+			if c := mustRecv(t, confirms, "confirm"); !c.Ack || c.DeliveryTag != uint64(i+1) {
+				t.Fatalf("confirm %+v", c)
+			}
+		}
+		if r := mustRecv(t, returns, "return"); r.ReplyCode != 312 || r.RoutingKey != "other.info" {
+			t.Fatalf("return %+v", r)
+		}
+		if err := ch.Qos(1, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := ch.Consume(q.Name, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for range 2 {
+			d := mustRecv(t, msgs, "delivery")
+			if d.Exchange != "logs" || d.Headers["k"] != "v" {
+				t.Fatalf("delivery %+v", d)
+			}
+			got = append(got, d.RoutingKey)
+			if err := d.Ack(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !slices.Equal(got, []string{"app.info", "app.debug"}) {
+			t.Fatalf("got %v", got)
+		}
+		d, ok, err := ch.Get(q.Name, true)
+		if err != nil || ok {
+			t.Fatalf("get on drained queue: %v %v %+v", ok, err, d)
+		}
+	})
 }
 
 // While KubeMQ is unreachable, open connections are closed with 320 and new

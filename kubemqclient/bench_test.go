@@ -80,8 +80,9 @@ func queueBatch(ch string, k int) []kc.QueueMessage {
 	return msgs
 }
 
+// fill sends n messages as 100-message batches from 8 concurrent callers.
 func fill(b *testing.B, c *kc.Client, ch string, n int) {
-	chunks(b, n, 100, 4, func(_, k int) error {
+	chunks(b, n, 100, 8, func(_, k int) error {
 		rs, err := c.SendQueueMessages(context.Background(), queueBatch(ch, k))
 		if err == nil {
 			err = kc.FirstError(rs)

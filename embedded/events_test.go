@@ -132,9 +132,11 @@ func TestEventsStoreDurableResumeAndClientIDInUse(t *testing.T) {
 		t.Fatalf("second subscription: %v", err)
 	}
 	s.cancel()
+	// Only once the server has closed the old subscription is r3 not handed to it.
+	e.waitReleased("dur")
 	e.publish("es", true, "r3")
-	// Re-subscribing with the same ClientID resumes and ignores the start mode. The old stream's
-	// end is seen by the server asynchronously, so retry while the id is still registered.
+	// Re-subscribing with the same ClientID resumes and ignores the start mode. The probe's end is
+	// seen by the server asynchronously, so retry while the id is still registered.
 	var s2 *sub
 	for {
 		s2, err = e.subscribe(storeSub("dur", "es", "", pb.Subscribe_StartFromFirst, 0))

@@ -61,6 +61,7 @@ func TestPersistAcrossRestart(t *testing.T) {
 		t.Fatal(got)
 	}
 	s.cancel()
+	e.waitReleased("dur")
 	e.publish("es", true, "c")
 	stop()
 

@@ -106,6 +106,15 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 	}
 	got, expired := s.collect(ctx, q, int(req.MaxNumberOfMessages), wait)
 	q.mu.Lock()
+	if ctx.Err() != nil || s.ctx.Err() != nil {
+		// Nobody will read the answer: do not consume.
+		q.giveBackLocked(got)
+		q.mu.Unlock()
+		if s.ctx.Err() != nil {
+			return nil, errShutdown()
+		}
+		return nil, ctx.Err()
+	}
 	q.settleLocked(got)
 	q.mu.Unlock()
 	resp.Messages = make([]*kubemqpb.QueueMessage, len(got))
@@ -299,6 +308,17 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 			}
 			active = true
 			q = s.getQueue(req.Channel, true)
+			got, _ := s.collect(ctx, q, 1, wait)
+			if ctx.Err() != nil || s.ctx.Err() != nil {
+				// Ended while waiting: what the wait caught goes back untouched.
+				q.mu.Lock()
+				q.giveBackLocked(got)
+				q.mu.Unlock()
+				continue
+			}
+			if len(got) == 0 {
+				return reply(req, nil, errNoNewMessage)
+			}
 			q.mu.Lock()
 			q.consumers++
 			q.mu.Unlock()
@@ -307,13 +327,6 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				q.consumers--
 				q.mu.Unlock()
 			}(q)
-			got, _ := s.collect(ctx, q, 1, wait)
-			if len(got) == 0 {
-				if ctx.Err() != nil || s.ctx.Err() != nil {
-					continue
-				}
-				return reply(req, nil, errNoNewMessage)
-			}
 			held = got[0]
 			shown = held.storedRC() + 1
 			visT = time.NewTimer(time.Duration(vis) * time.Second)

@@ -1,10 +1,3 @@
-// Package kubemqclient is the only way kubemq-proxy reaches KubeMQ. It owns
-// the gRPC connection and its readiness signal, the conversion between
-// KubeMQ's wire types (kubemqpb, never seen outside this package) and the
-// proxy's own types, channel-name safety (Channel, ValidChannel), error
-// mapping (*Error), and the long-lived streams: events-store publish and
-// subscribe, queue upstream, queue downstream transactions and
-// single-message visibility streams.
 package kubemqclient
 
 import (

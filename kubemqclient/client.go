@@ -415,7 +415,7 @@ func (c *Client) healthLoop() {
 				c.log.Warn("kubemq health ping failed", zap.Error(err))
 			}
 			c.setReady(false)
-			// Full jitter keeps many proxies from pinging in lockstep.
+			// Jitter keeps many proxies from pinging in lockstep.
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(backoff*2, c.opts.MaxBackoff)
 		}

@@ -23,7 +23,7 @@ type fakeKubeMQ struct {
 	changed    chan struct{} // closed and replaced on every change
 	violations []string
 	sendFail   func(queue string, msgs []Message) ([]error, error) // nil = store everything
-	ambiguous  func(queue string, msgs []Message) bool               // true: store, then report failure
+	ambiguous  func(queue string, msgs []Message) bool             // true: store, then report failure
 	sends      int
 }
 

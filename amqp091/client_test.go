@@ -441,3 +441,34 @@ func TestTransactions(t *testing.T) {
 		}
 	})
 }
+
+// Per-message expiration and x-message-ttl: expired messages are not
+// delivered. (The proxy's expiry has whole-second granularity.)
+func TestMessageTTL(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if _, err := ch.QueueDeclare("ttl.q", false, false, false, false, amqp.Table{"x-message-ttl": int32(1000)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare("ttl.plain", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "ttl.q", "queue ttl")
+		dc, err := ch.PublishWithDeferredConfirm("", "ttl.plain", false, false, amqp.Publishing{Expiration: "1000", Body: []byte("msg ttl")})
+		if err != nil || !dc.Wait() {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "ttl.plain", "kept")
+		// Expiry is about time passing: wait it out (2.5 TTLs).
+		time.Sleep(2500 * time.Millisecond)
+		if got := drain(t, ch, "ttl.q"); len(got) != 0 {
+			t.Errorf("ttl.q: %v delivered after its x-message-ttl", got)
+		}
+		if got := drain(t, ch, "ttl.plain"); !slices.Equal(got, []string{"kept"}) {
+			t.Errorf("ttl.plain: got %v, want only the message without expiration", got)
+		}
+	})
+}

@@ -105,7 +105,7 @@ func (c *conn) serve() {
 		}
 		return
 	}
-	br := bufio.NewReaderSize(c.nc, 64<<10)
+	br := bufio.NewReaderSize(c.nc, 32<<10)
 	// Until tuned, accept frames up to our own limit: start-ok carries the
 	// client's properties, which may exceed the 4096-byte minimum.
 	c.fr = wire.NewFrameReader(br, uint32(c.srv.opts.FrameMax))

@@ -67,8 +67,14 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		if q == nil {
 			continue // deleted while routing
 		}
+		// KubeMQ expires whole seconds (rounded up): a backstop for the
+		// message's and the queue's TTL, not RabbitMQ's exact expiry.
+		exp := ttl
+		if q.ttl > 0 && (exp == 0 || q.ttl < exp) {
+			exp = q.ttl
+		}
 		msgs = append(msgs, kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: cmd.body, Tags: tags,
-			Policy: kubemqclient.QueuePolicy{Expiration: ttl}})
+			Policy: kubemqclient.QueuePolicy{Expiration: exp}})
 	}
 	if ch.tx != nil {
 		ch.tx.msgs = append(ch.tx.msgs, msgs...)

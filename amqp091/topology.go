@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -230,7 +231,8 @@ type queue struct {
 	exclusive  bool
 	autoDelete bool
 	args       wire.Table
-	owner      *conn // exclusive owner, nil for shared queues
+	owner      *conn         // exclusive owner, nil for shared queues
+	ttl        time.Duration // x-message-ttl, 0 = none
 
 	// Guarded by vh.mu.
 	consumers         map[*consumer]struct{}
@@ -240,8 +242,12 @@ type queue struct {
 }
 
 func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args wire.Table, owner *conn) *queue {
-	return &queue{vh: v, name: name, channel: kubemqclient.Channel("amqp", v.key, name), durable: durable,
+	q := &queue{vh: v, name: name, channel: kubemqclient.Channel("amqp", v.key, name), durable: durable,
 		exclusive: exclusive, autoDelete: autoDelete, args: args, owner: owner, consumers: map[*consumer]struct{}{}}
+	if ms, ok := intArg(args["x-message-ttl"]); ok && ms > 0 {
+		q.ttl = time.Duration(ms) * time.Millisecond
+	}
+	return q
 }
 
 func (v *vhost) lookupQueue(name string) *queue {

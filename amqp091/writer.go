@@ -42,7 +42,7 @@ type writer struct {
 const writerQueue = 256
 
 func newWriter(nc net.Conn, frameMax uint32) *writer {
-	bw := bufio.NewWriterSize(nc, 64<<10)
+	bw := bufio.NewWriterSize(nc, 32<<10)
 	return &writer{
 		nc: nc, bw: bw, fw: wire.NewFrameWriter(bw, frameMax),
 		q: make(chan outFrame, writerQueue), stop: make(chan struct{}), done: make(chan struct{}),

@@ -1,0 +1,25 @@
+// Package amqp091 is the AMQP 0-9-1 front-end of kubemq-proxy: unchanged
+// RabbitMQ clients connect to it, declare exchanges, queues and bindings,
+// publish and consume, and every message is stored in KubeMQ.
+//
+// It owns the connections (handshake, heartbeats, close handshakes), the
+// channels, the per-vhost topology (exchanges and bindings live in
+// amqp091/routing; durable ones are registry records shared by replicas),
+// the publish path (routing, one KubeMQ queue message per routed queue,
+// batched, with publisher confirms once KubeMQ stored every copy) and the
+// consume path (basic.consume and basic.get on the delivery package's
+// leases, so an unacknowledged message stays durable in KubeMQ until the
+// client settles it). The byte-level codec is amqp091/wire.
+//
+// Every AMQP queue q of virtual host v is the KubeMQ queue channel
+// kubemqclient.Channel("amqp", v, q), with v "/" spelled "default". The
+// message mapping is documented in message.go; behaviour follows RabbitMQ
+// 3.10 (reply codes and texts included), with the differences listed in
+// README.md.
+//
+// Concurrency: per connection, one reader goroutine owns the channel table
+// and content assembly, one writer goroutine owns the socket's write side,
+// each channel runs its methods on its own goroutine (a slow KubeMQ call
+// on one channel never blocks another), and each consumer fetches and
+// delivers on one more. Mutable state names its owner where declared.
+package amqp091

@@ -1,15 +1,21 @@
 // Package embedded is an in-process server for the KubeMQ gRPC API (service kubemq.kubemq), the
-// default backend of kubemq-proxy and of every test.
+// default backend of kubemq-proxy and of every test (see internal/kubemqtest).
 //
-// It owns the KubeMQ wire behaviour that the proxy relies on (see shared/kubemq-api.md sections
-// 2-5): queues with sequences, receive counts, dead-letter moves, delay and expiry; QueuesDownstream
-// transactions; StreamQueueMessage visibility; the events store with start modes and durable
-// cursors; plain events with wildcards. Where the real community server v2.4.0 is hazardous
-// (sections 8 and 9) a Strict mode refuses the hazardous pattern with an error that starts with
-// "strict mode:" instead of reproducing it.
+// It owns the KubeMQ wire behaviour that the proxy relies on (shared/kubemq-api.md sections 2-5):
+// queues with per-queue sequences, receive counts, dead-letter moves, delay and expiry;
+// QueuesDownstream transactions; StreamQueueMessage visibility; ReceiveQueueMessages,
+// AckAllQueueMessages and QueuesInfo; the events store with start modes and durable cursors;
+// plain events with wildcards; commands and queries. Error texts are the real server's.
 //
-// With Options.DataDir set, state is kept in an append-only segment log (see storage.go and
-// STORAGE.md): every acknowledged send survives a process kill.
+// Where the real community server v2.4.0 is hazardous (sections 8 and 9), Options.Strict refuses
+// the hazardous pattern with an error that starts with "strict mode:"; StrictStats counts them in
+// either mode. COMPAT.md lists every known difference from the real server.
 //
-// Differences from the real server are listed in STORAGE.md and in the comments of the handlers.
+// With Options.DataDir set, state is made durable in an append-only segment log with group commit
+// (storage.go, record.go, recovery.go; STORAGE.md has the engine comparison and sync policy):
+// every acknowledged send survives a process kill.
+//
+// Serve runs the gRPC server (100 MiB messages both ways, as the real server) on a listener;
+// GRPCServer exposes it for callers that serve it themselves; Stop ends open streams with
+// Unavailable, flushes and closes the store.
 package embedded

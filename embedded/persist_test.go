@@ -174,7 +174,13 @@ func TestCrashKill9(t *testing.T) {
 			for i := 0; ; i++ {
 				var msgs []*pb.QueueMessage
 				for j := range 50 {
-					msgs = append(msgs, &pb.QueueMessage{MessageID: fmt.Sprintf("q%d-%d-%d", w, i, j), ClientID: "c", Channel: fmt.Sprintf("crash%d", j%2), Body: body})
+					m := &pb.QueueMessage{MessageID: fmt.Sprintf("q%d-%d-%d", w, i, j), ClientID: "c", Channel: fmt.Sprintf("crash%d", j%2), Body: body}
+					if w == 2 && j%10 == 0 {
+						// Delayed messages must survive too, and still come due.
+						m.Channel = "crash.delayed"
+						m.Policy = &pb.QueueMessagePolicy{DelaySeconds: 1}
+					}
+					msgs = append(msgs, m)
 				}
 				res, err := c.SendQueueMessagesBatch(ctx, &pb.QueueMessagesBatchRequest{Messages: msgs})
 				if err != nil {
@@ -251,6 +257,28 @@ func TestCrashKill9(t *testing.T) {
 			}
 			n -= int64(len(r.Messages))
 			d.send(&pb.QueuesDownstreamRequest{RequestTypeData: pb.QueuesDownstreamRequestType_AckAll, RefTransactionId: r.TransactionId})
+		}
+	}
+	// Delayed ones arrive within about a second of the restart.
+	dd := e.downstream()
+	for {
+		want := 0
+		for id := range ackedQ {
+			var w, i, j int
+			if _, err := fmt.Sscanf(id, "q%d-%d-%d", &w, &i, &j); err == nil && w == 2 && j%10 == 0 && !seen[id] {
+				want++
+			}
+		}
+		if want == 0 {
+			break
+		}
+		dd.send(&pb.QueuesDownstreamRequest{RequestTypeData: pb.QueuesDownstreamRequestType_Get, Channel: "crash.delayed", MaxItems: int32(want), WaitTimeout: 5000, AutoAck: true})
+		r := dd.recv()
+		if len(r.Messages) == 0 {
+			break // the final check below reports what is missing
+		}
+		for _, m := range r.Messages {
+			seen[m.MessageID] = true
 		}
 	}
 	missing := 0

@@ -50,9 +50,14 @@ const (
 // strictPrefix starts every refusal that only strict mode makes.
 const strictPrefix = "strict mode: "
 
-// errTooLarge reports a message bigger than Options.MaxMessageBytes.
+// errTooLarge reports a queue message bigger than Options.MaxMessageBytes.
 func errTooLarge(size, limit int) string {
 	return fmt.Sprintf("Error 131: invalid queue message, size %d bytes exceeds the limit of %d bytes", size, limit)
+}
+
+// errEventTooLarge reports an event or request bigger than Options.MaxMessageBytes.
+func errEventTooLarge(size, limit int) string {
+	return fmt.Sprintf("Error 110: invalid message, size %d bytes exceeds the limit of %d bytes", size, limit)
 }
 
 // errServerClosed is returned by operations on a stopped server.

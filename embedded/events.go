@@ -336,7 +336,7 @@ func (s *Server) checkEvent(e *kubemqpb.Event) string {
 		n += len(k) + len(v)
 	}
 	if n > s.opts.MaxMessageBytes {
-		return errTooLarge(n, s.opts.MaxMessageBytes)
+		return errEventTooLarge(n, s.opts.MaxMessageBytes)
 	}
 	return ""
 }

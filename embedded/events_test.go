@@ -246,3 +246,11 @@ func TestPlainEventsWildcardsAndStream(t *testing.T) {
 		t.Errorf("exact got %s", got)
 	}
 }
+
+func TestEventOversize(t *testing.T) {
+	e := newEnv(t, embeddedOpts(func(o *optsT) { o.MaxMessageBytes = 1 << 10 }))
+	_, err := e.c.SendEvent(e.ctx, &pb.Event{ClientID: "c", Channel: "es", Store: true, Body: make([]byte, 2<<10)})
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "Error 110: invalid message, size 2048 bytes exceeds the limit of 1024 bytes") {
+		t.Fatalf("oversize event: %v", err)
+	}
+}

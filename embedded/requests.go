@@ -112,7 +112,7 @@ func (s *Server) checkRequest(r *kubemqpb.Request) string {
 		return errCacheTTL
 	}
 	if n := len(r.Body) + len(r.Metadata); n > s.opts.MaxMessageBytes {
-		return errTooLarge(n, s.opts.MaxMessageBytes)
+		return errEventTooLarge(n, s.opts.MaxMessageBytes)
 	}
 	return ""
 }

@@ -246,6 +246,9 @@ func TestPubSubSurvivesKill9(t *testing.T) {
 	// The restarted proxy knows the topic and subscription and delivers
 	// every message, including the leased ones, at least once.
 	p2 := startProxy(t, dataDir, regCh)
+	if out, err := exec.Command(proxyBinary(t), "healthcheck", "--http.listen", p2.addrs["http"]).CombinedOutput(); err != nil {
+		t.Fatalf("healthcheck mode on a ready proxy: %v %s", err, out)
+	}
 	c2 := pubsubClient(t, p2.addrs["gcp"], project)
 	if _, err := c2.TopicAdminClient.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: topic.Name}); err != nil {
 		t.Fatalf("topic lost across kill -9: %v", err)

@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
@@ -31,10 +33,12 @@ const exitConfig = 2
 func main() {
 	args := os.Args[1:]
 	mode := "proxy"
-	if len(args) > 0 && args[0] == "embedded" {
+	if len(args) > 0 && (args[0] == "embedded" || args[0] == "healthcheck") {
 		// "kubemq-proxy embedded": only the embedded KubeMQ-compatible
 		// server, so the proxy and its backend can run (and fail) apart.
-		mode, args = "embedded", args[1:]
+		// "kubemq-proxy healthcheck": exit 0 when the local proxy's /readyz
+		// answers 200 (for container health checks without curl).
+		mode, args = args[0], args[1:]
 	}
 	cfg, err := loadConfig(args, os.Environ())
 	if err != nil {
@@ -52,8 +56,11 @@ func main() {
 	_ = level
 	defer log.Sync()
 	runMode := run
-	if mode == "embedded" {
+	switch mode {
+	case "embedded":
 		runMode = runEmbedded
+	case "healthcheck":
+		runMode = runHealthcheck
 	}
 	if err := runMode(cfg, log); err != nil {
 		log.Error("exiting", zap.Error(err))
@@ -114,6 +121,25 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// runHealthcheck asks the proxy on this host (http.listen) for /readyz.
+func runHealthcheck(cfg proxy.Config, _ *zap.Logger) error {
+	_, port, err := net.SplitHostPort(cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("http.listen: %w", err)
+	}
+	hc := http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Get("http://" + net.JoinHostPort("127.0.0.1", port) + "/readyz")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("not ready: %s", strings.TrimSpace(string(body)))
+	}
+	return nil
 }
 
 // loadConfig merges, lowest first: defaults, the config file (--config, or

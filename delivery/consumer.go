@@ -32,6 +32,12 @@ type Options struct {
 	// record of a live lease is re-armed each time it returns, so longer deadlines never need
 	// a longer KubeMQ delay (kubemq-api.md 9.4 rule 2).
 	RecordDelay time.Duration
+	// HoldExpiry is how far ahead a lease without a deadline is promised in its record at
+	// each re-arm (default 2*RecordDelay): another owner (a replica, or this process after a
+	// crash) redelivers the entry once HoldExpiry+RecordDelay have passed since the record was
+	// written without it coming back to its owner. Longer values make redelivery after a
+	// crash slower and duplicates across replicas rarer (see the package documentation).
+	HoldExpiry time.Duration
 	// MaxBatch caps one Get (default 500, at most 1024).
 	MaxBatch int
 	// MaxRecordBytes caps the body of one lease record (default 4 MiB); a batch that needs
@@ -70,6 +76,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RecordDelay < time.Second || o.RecordDelay%time.Second != 0 || o.RecordDelay > time.Hour {
 		return fmt.Errorf("delivery: RecordDelay %v must be whole seconds in 1s..1h", o.RecordDelay)
+	}
+	if o.HoldExpiry == 0 {
+		o.HoldExpiry = 2 * o.RecordDelay
+	}
+	if o.HoldExpiry < o.RecordDelay {
+		return fmt.Errorf("delivery: HoldExpiry %v below RecordDelay %v", o.HoldExpiry, o.RecordDelay)
 	}
 	if o.MaxBatch == 0 {
 		o.MaxBatch = 500

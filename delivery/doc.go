@@ -22,6 +22,35 @@
 //     owner (another replica, or this process before a crash or outage) is bounced until its
 //     lease could still be held, then redelivered as a fresh copy.
 //
+// # API
+//
+// A Manager hands out Handles on one Consumer per queue (reference counted). Fetch returns
+// Deliveries, each with an opaque LeaseID minted per delivery; Ack, Nack (with an optional
+// retry delay), Extend (modifyAckDeadline), Release (requeue) and Unfetch (never shown to a
+// client) settle them by id. Unknown or stale ids report false. BeforeRedeliver lets a
+// front-end dead-letter a message instead of redelivering it; OnLeasesLost and ErrLeasesLost
+// report a backend failure, after which every earlier Delivery is void. Totals are exported
+// to Prometheus by the Manager.
+//
+// # Lease records and owners
+//
+// Every entry names its owner: a random id per Consumer incarnation, renewed whenever the lease
+// table is dropped, and passed on by the Manager to the queue's next Consumer only when the
+// previous one closed with every lease settled. So "owner is me and the lease is unknown"
+// always means "settled", and a record is never dropped for a lease that was forgotten.
+// Entries of an earlier incarnation of the same Consumer are redelivered at once; entries of
+// another owner are bounced until their expiry (the lease deadline, or HoldExpiry after the
+// last re-arm) plus RecordDelay, then redelivered.
+//
+// Consequences (at-least-once, never loss):
+//   - after a proxy crash or restart, messages acked in the last ~RecordDelay+HoldExpiry come
+//     back once (the new process cannot know the old acks);
+//   - with several replicas consuming one queue, a record may return to a replica that does
+//     not own it; if that happens on every return until expiry+RecordDelay, the message is
+//     redelivered while its owner still holds it (a duplicate). A replica polls only while it
+//     has demand, so a replica whose clients hold messages without fetching more does not see
+//     its records at all. Raise HoldExpiry to make this rarer.
+//
 // # Reserved tags
 //
 // Tags starting with "_kmqp_" belong to this package and never reach Delivery.Tags:

@@ -363,6 +363,11 @@ func TestKubeMQCrash(t *testing.T) {
 	if lost != 0 {
 		t.Errorf("%d unacked messages lost", lost)
 	}
+	// The records were another owner's: bounced while their leases could still be held, then
+	// recovered.
+	if st := b.Stats(); st.EntriesBounced == 0 || st.EntriesRecovered < uint64(unackedBack) {
+		t.Errorf("foreign records not bounced then recovered: %+v", st)
+	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
 	defer cancel2()
 	_ = a.Close(ctx2) // its connection is gone; it can give nothing back

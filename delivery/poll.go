@@ -247,7 +247,7 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 		b.entries++
 	}
 	delay := c.opts.RecordDelay
-	fresh := now.Add(2 * delay).UnixMilli()
+	fresh := now.Add(c.opts.HoldExpiry).UnixMilli()
 
 	var entries []entry
 	for _, r := range recs {
@@ -388,12 +388,12 @@ func newLease(k leaseKey, m *Message) *lease {
 }
 
 // expiresAtLocked is the time after which another owner may redeliver l: its deadline when it
-// has one, else two record delays ahead (a lease without deadline is re-armed every delay).
+// has one, else HoldExpiry ahead (a lease without deadline is re-armed every record delay).
 func (c *Consumer) expiresAtLocked(l *lease, now time.Time) int64 {
 	if (l.state == stateOut || l.state == stateDelayed) && !l.deadline.IsZero() {
 		return l.deadline.UnixMilli()
 	}
-	return now.Add(2 * c.opts.RecordDelay).UnixMilli()
+	return now.Add(c.opts.HoldExpiry).UnixMilli()
 }
 
 func (c *Consumer) pastOwnerLocked(o ownerID) bool {

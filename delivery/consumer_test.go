@@ -583,6 +583,29 @@ func TestDuplicateRecordsCollapse(t *testing.T) {
 	})
 }
 
+func TestStreamRecycle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		c, cl := newTestConsumer(t, f, Options{StreamRecycle: 2})
+		defer closeConsumer(t, c)
+		for i := range 10 {
+			f.send(t, testQueue, "m"+strconv.Itoa(i))
+			ds := fetchFor(t, c, 1, 5*time.Second)
+			if len(ds) != 1 {
+				t.Fatalf("message %d not delivered", i)
+			}
+			c.Ack(ds[0].LeaseID)
+		}
+		cl.mu.Lock()
+		streams := len(cl.streams)
+		cl.mu.Unlock()
+		if streams < 5 {
+			t.Errorf("%d streams opened for 10+ Gets with StreamRecycle 2", streams)
+		}
+		checkNoViolations(t, f)
+	})
+}
+
 func TestReleaseAndClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeKubeMQ(t)

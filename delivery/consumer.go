@@ -610,7 +610,8 @@ func (c *Consumer) Stats() Stats {
 // Close stops the Consumer: waiting Fetch calls fail with ErrClosed, the poll loop finishes its
 // current Get and closes its stream, every lease (out, buffered, or nacked with a delay) is
 // given back as a fresh copy, and the settler stops once those copies are stored or ctx ends
-// (lease records then bring the rest back). Idempotent.
+// (lease records then bring the rest back). Idempotent. A Consumer obtained through a Manager
+// is closed by the Manager (Handle.Close, Manager.Close), never directly.
 func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()

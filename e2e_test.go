@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 )
 
@@ -56,7 +58,7 @@ func proxyBinary(t *testing.T) string {
 }
 
 // requiredListeners are reported by every started proxy.
-var requiredListeners = []string{"http", "gcp"}
+var requiredListeners = []string{"http", "gcp", "amqp"}
 
 // proc is one running proxy process.
 type proc struct {
@@ -302,4 +304,105 @@ func TestEmbeddedModeServesKubeMQ(t *testing.T) {
 		}
 	}
 	t.Fatal("embedded mode never reported its listener")
+}
+
+func TestAMQPSurvivesKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dataDir := t.TempDir()
+	regCh := uniqueName("kubemq-proxy-e2e")
+	p := startProxy(t, dataDir, regCh)
+	exchange, queue := uniqueName("ex"), uniqueName("q")
+
+	conn, err := amqp.Dial("amqp://guest:guest@" + p.addrs["amqp"] + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "orders.#", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var confirms []*amqp.DeferredConfirmation
+	for i := 0; i < n; i++ {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "orders.eu.new", false, false,
+			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(fmt.Sprintf("m%03d", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		confirms = append(confirms, dc)
+	}
+	for i, dc := range confirms {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			t.Fatalf("publish %d not confirmed: %v %v", i, ok, err)
+		}
+	}
+	// Hold some deliveries unacked, then kill -9.
+	if err := ch.Qos(20, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		select {
+		case <-msgs:
+		case <-time.After(30 * time.Second):
+			t.Fatal("nothing delivered before the kill")
+		}
+	}
+	p.kill()
+	conn.Close()
+
+	p2 := startProxy(t, dataDir, regCh)
+	conn2, err := amqp.Dial("amqp://guest:guest@" + p2.addrs["amqp"] + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	ch2, err := conn2.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch2.ExchangeDeclarePassive(exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatalf("durable exchange lost across kill -9: %v", err)
+	}
+	ch2, _ = conn2.Channel()
+	// The binding survived too: a new message routes to the queue.
+	if err := ch2.PublishWithContext(ctx, exchange, "orders.us.new", false, false, amqp.Publishing{Body: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	msgs2, err := ch2.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("durable queue lost across kill -9: %v", err)
+	}
+	seen := map[string]bool{}
+	deadline := time.After(90 * time.Second)
+	for len(seen) < n+1 {
+		select {
+		case d := <-msgs2:
+			seen[string(d.Body)] = true
+			d.Ack(false)
+		case <-deadline:
+			t.Fatalf("after restart only %d of %d messages delivered", len(seen), n+1)
+		}
+	}
+	conn2.Close()
+	p2.terminate(t)
 }

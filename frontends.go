@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/kubemq-io/kubemq-proxy/amqp091"
 	"github.com/kubemq-io/kubemq-proxy/gcp"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
@@ -25,6 +26,37 @@ func frontends() []proxy.FrontendFactory {
 						MaxOutstandingMessages:     d.Config.GCP.MaxOutstandingMessages,
 						StreamCloseAfter:           d.Config.GCP.StreamCloseAfter,
 					},
+				})
+			},
+		},
+		{
+			Name: "amqp",
+			Listen: func(c *proxy.Config) []string {
+				tlsAddr := ""
+				if c.AMQPTLSEnabled() {
+					tlsAddr = c.AMQP.TLSListen
+				}
+				return []string{c.AMQP.Listen, tlsAddr}
+			},
+			TLS: func(c *proxy.Config) []bool { return []bool{false, true} },
+			New: func(d proxy.Deps) (proxy.Frontend, error) {
+				hb := d.Config.AMQP.Heartbeat
+				if hb == 0 {
+					hb = -1 // amqp091: negative disables heartbeats
+				}
+				return amqp091.New(amqp091.Options{
+					Client:         d.Client,
+					Registry:       d.Registry,
+					Deliveries:     d.Deliveries,
+					Logger:         d.Logger.Named("amqp"),
+					Metrics:        d.Metrics,
+					Ready:          d.Ready,
+					Heartbeat:      hb,
+					FrameMax:       d.Config.AMQP.FrameMax,
+					ChannelMax:     d.Config.AMQP.ChannelMax,
+					Users:          d.Config.AMQP.Users,
+					MaxBodySize:    d.Config.AMQP.MaxBodySize,
+					MaxConnections: d.Config.AMQP.MaxConnections,
 				})
 			},
 		},

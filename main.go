@@ -98,6 +98,8 @@ func run(cfg proxy.Config, log *zap.Logger) error {
 // runEmbedded serves the embedded KubeMQ-compatible server alone on
 // embedded.listen until SIGINT/SIGTERM.
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	srv, err := embedded.New(embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, Logger: log.Named("embedded")})
 	if err != nil {
 		return err
@@ -108,8 +110,6 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 		return fmt.Errorf("embedded.listen: %w", err)
 	}
 	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	select {

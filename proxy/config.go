@@ -58,6 +58,10 @@ type AMQPConfig struct {
 	// Empty means any credentials are accepted (like a local RabbitMQ's
 	// guest/guest, but for every name).
 	Users map[string]string `mapstructure:"users"`
+	// MaxBodySize is the largest message body accepted.
+	MaxBodySize int `mapstructure:"max_body_size"`
+	// MaxConnections caps open AMQP connections; 0 = no cap.
+	MaxConnections int `mapstructure:"max_connections"`
 }
 
 // HTTPConfig is the side port: /healthz, /readyz, /metrics.
@@ -110,7 +114,8 @@ func Defaults() Config {
 	return Config{
 		GCP: GCPConfig{Listen: ":8085", MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
 			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute},
-		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047},
+		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,
+			MaxBodySize: 64 << 20},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
 			ClientID: "kubemq-proxy",
@@ -192,6 +197,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AMQP.ChannelMax < 1 || c.AMQP.ChannelMax > 65535 {
 		return fmt.Errorf("amqp.channel_max: %d is outside 1..65535", c.AMQP.ChannelMax)
+	}
+	if c.AMQP.MaxBodySize < 1 || c.AMQP.MaxBodySize > 96<<20 {
+		return fmt.Errorf("amqp.max_body_size: %d is outside 1..100663296 (KubeMQ caps a message at 100 MiB)", c.AMQP.MaxBodySize)
+	}
+	if c.AMQP.MaxConnections < 0 {
+		return fmt.Errorf("amqp.max_connections: %d must not be negative", c.AMQP.MaxConnections)
 	}
 	if c.KubeMQ.ClientID == "" {
 		return errors.New("kubemq.client_id must not be empty")

@@ -73,7 +73,7 @@ func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) 
 	t.Helper()
 	args := []string{
 		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
-		"--http.listen", "127.0.0.1:0", "--registry.channel", registryChannel, "--log.level", "info",
+		"--http.listen", "127.0.0.1:0", "--registry.channel", registryChannel,
 	}
 	if kubemqtest.External() {
 		args = append(args, "--kubemq.address", kubemqtest.Address(t))
@@ -405,4 +405,65 @@ func TestAMQPSurvivesKill9(t *testing.T) {
 	}
 	conn2.Close()
 	p2.terminate(t)
+}
+
+func TestLogLevelReloadAndStateView(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	file := filepath.Join(t.TempDir(), "proxy.yaml")
+	if err := os.WriteFile(file, []byte("log:\n  level: info\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, t.TempDir(), uniqueName("kubemq-proxy-e2e"), "--config", file)
+	base := "http://" + p.addrs["http"]
+	level := func() string {
+		resp, err := http.Get(base + "/loglevel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v struct{ Level string }
+		json.NewDecoder(resp.Body).Decode(&v)
+		return v.Level
+	}
+	if got := level(); got != "info" {
+		t.Fatalf("level %q, want info", got)
+	}
+	if err := os.WriteFile(file, []byte("log:\n  level: debug\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	deadline := time.Now().Add(5 * time.Second)
+	for level() != "debug" {
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP did not apply log.level: debug")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodPut, base+"/loglevel", strings.NewReader(`{"level":"warn"}`))
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("PUT /loglevel: %v", err)
+	}
+	if got := level(); got != "warn" {
+		t.Fatalf("level %q after PUT, want warn", got)
+	}
+
+	resp, err := http.Get(base + "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var state struct {
+		Ready     string
+		Backend   struct{ Up bool }
+		Frontends map[string]json.RawMessage
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
+		t.Fatal(err)
+	}
+	if state.Ready != "ok" || !state.Backend.Up || state.Frontends["gcp"] == nil || state.Frontends["amqp"] == nil {
+		t.Fatalf("unexpected /state: %+v", state)
+	}
+	p.terminate(t)
 }

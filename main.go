@@ -53,9 +53,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", err)
 		os.Exit(exitConfig)
 	}
-	_ = level
 	defer log.Sync()
-	runMode := run
+	runMode := func(cfg proxy.Config, log *zap.Logger) error { return run(cfg, log, level, args) }
 	switch mode {
 	case "embedded":
 		runMode = runEmbedded
@@ -69,22 +68,33 @@ func main() {
 	}
 }
 
-func run(cfg proxy.Config, log *zap.Logger) error {
+func run(cfg proxy.Config, log *zap.Logger, level zap.AtomicLevel, args []string) error {
 	p, err := proxy.New(cfg, log)
 	if err != nil {
 		return err
 	}
+	p.SetLogLevel(level)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	if err := p.Start(ctx, frontends()); err != nil {
 		return err
 	}
 	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("signal received; shutting down")
-	case runErr = <-p.Errors():
-		log.Error("listener failed; shutting down", zap.Error(runErr))
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("signal received; shutting down")
+			break loop
+		case runErr = <-p.Errors():
+			log.Error("listener failed; shutting down", zap.Error(runErr))
+			break loop
+		case <-hup:
+			reloadLogLevel(log, level, args)
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.Timeout)
 	defer cancel()
@@ -93,6 +103,25 @@ func run(cfg proxy.Config, log *zap.Logger) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// reloadLogLevel re-reads the configuration on SIGHUP and applies
+// log.level; every other key needs a restart.
+func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
+	cfg, err := loadConfig(args, os.Environ())
+	if err != nil {
+		log.Warn("SIGHUP: configuration not reloaded", zap.Error(err))
+		return
+	}
+	var l zapcore.Level
+	if err := l.UnmarshalText([]byte(cfg.Log.Level)); err != nil {
+		log.Warn("SIGHUP: bad log.level", zap.Error(err))
+		return
+	}
+	if l != level.Level() {
+		log.Info("SIGHUP: log level changed", zap.Stringer("from", level.Level()), zap.Stringer("to", l))
+		level.SetLevel(l)
+	}
 }
 
 // runEmbedded serves the embedded KubeMQ-compatible server alone on

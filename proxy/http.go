@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -25,5 +27,63 @@ func (p *Proxy) httpHandler() http.Handler {
 		w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /state", p.serveState)
+	if p.logLevel != nil {
+		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.
+		mux.Handle("/loglevel", p.logLevel)
+	}
 	return mux
+}
+
+// Stater is implemented by front-ends that can describe their live state
+// (connections, channels, streams, subscriptions) for GET /state.
+type Stater interface {
+	State() any
+}
+
+// serveState is a JSON view of the running proxy: backend, registry,
+// delivery consumers (one per KubeMQ queue with leases) and whatever each
+// front-end reports.
+func (p *Proxy) serveState(w http.ResponseWriter, r *http.Request) {
+	type backend struct {
+		Address  string `json:"address"`
+		Embedded bool   `json:"embedded"`
+		Up       bool   `json:"up"`
+	}
+	out := struct {
+		Time      time.Time      `json:"time"`
+		Ready     string         `json:"ready"`
+		Backend   backend        `json:"backend"`
+		Queues    any            `json:"queues"`
+		Frontends map[string]any `json:"frontends"`
+	}{
+		Time:      time.Now().UTC(),
+		Ready:     "ok",
+		Frontends: map[string]any{},
+	}
+	if err := p.Ready(); err != nil {
+		out.Ready = err.Error()
+	}
+	out.Backend.Embedded = p.cfg.UseEmbedded()
+	out.Backend.Address = p.cfg.KubeMQ.Address
+	if p.embeddedLis != nil {
+		out.Backend.Address = p.embeddedLis.Addr().String()
+	}
+	if p.client != nil {
+		out.Backend.Up = p.client.Ready()
+	}
+	if p.deliveries != nil {
+		out.Queues = p.deliveries.Stats()
+	}
+	for _, f := range p.frontends {
+		if s, ok := f.fe.(Stater); ok {
+			out.Frontends[f.name] = s.State()
+		} else {
+			out.Frontends[f.name] = struct{}{}
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(out)
 }

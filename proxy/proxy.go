@@ -73,6 +73,7 @@ type Proxy struct {
 	httpLis     net.Listener
 
 	frontends []runningFrontend
+	logLevel  *zap.AtomicLevel // served on /loglevel when set
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex // guards stopping
@@ -96,6 +97,10 @@ func New(cfg Config, log *zap.Logger) (*Proxy, error) {
 	}
 	return &Proxy{cfg: cfg, log: log, metrics: prometheus.NewRegistry(), errc: make(chan error, 8)}, nil
 }
+
+// SetLogLevel lets GET/PUT /loglevel read and change the running log level;
+// call it before Start.
+func (p *Proxy) SetLogLevel(l zap.AtomicLevel) { p.logLevel = &l }
 
 // Start brings the proxy up: backend, client, registry replay, HTTP side
 // port, front-ends. Readiness (/readyz) turns on by itself once the backend
@@ -163,22 +168,6 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		return fmt.Errorf("registry: %w", err)
 	}
 
-	if p.cfg.HTTP.Listen != "" {
-		lis, err := net.Listen("tcp", p.cfg.HTTP.Listen)
-		if err != nil {
-			return fmt.Errorf("http.listen: %w", err)
-		}
-		p.httpLis = lis
-		p.httpSrv = &http.Server{Handler: p.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		p.log.Info("listening", zap.String("listener", "http"), zap.String("address", lis.Addr().String()))
-		p.goServe("http", func() error {
-			if err := p.httpSrv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-	}
-
 	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{Logger: p.log.Named("delivery")}, p.metrics)
 	if err != nil {
 		return fmt.Errorf("delivery: %w", err)
@@ -222,6 +211,24 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 			lis := lis
 			p.goServe(rf.name, func() error { return fe.Serve(lis) })
 		}
+	}
+
+	// The side port comes last so that /state never races with the
+	// front-end list being built.
+	if p.cfg.HTTP.Listen != "" {
+		lis, err := net.Listen("tcp", p.cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("http.listen: %w", err)
+		}
+		p.httpLis = lis
+		p.httpSrv = &http.Server{Handler: p.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		p.log.Info("listening", zap.String("listener", "http"), zap.String("address", lis.Addr().String()))
+		p.goServe("http", func() error {
+			if err := p.httpSrv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package amqp091
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -11,8 +12,80 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 )
 
-// mechanisms is what connection.start offers, in RabbitMQ's order.
+// mechanisms is what connection.start offers, in RabbitMQ's order;
+// EXTERNAL is added in front for a TLS peer with a verified certificate
+// when Options.External is on (see mechanismsFor).
 const mechanisms = "AMQPLAIN PLAIN"
+
+// login is a parsed connection.start-ok response.
+type login struct {
+	user, password string
+	external       bool // EXTERNAL: user is the certificate's CN, no password
+}
+
+// peerCN is the common name of the peer's verified TLS certificate.
+func (c *conn) peerCN() (string, bool) {
+	tc, ok := c.nc.(*tls.Conn)
+	if !ok {
+		return "", false
+	}
+	// The handshake ran on the first read (the protocol header); the
+	// listener's ClientCAs verified the chain when a certificate was sent.
+	st := tc.ConnectionState()
+	if len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	return st.VerifiedChains[0][0].Subject.CommonName, true
+}
+
+// mechanismsFor is connection.start's list for c. Like RabbitMQ's
+// rabbitmq_auth_mechanism_ssl, EXTERNAL is offered only to a peer that
+// presented a verified certificate.
+func (c *conn) mechanismsFor() string {
+	if c.srv.opts.External {
+		if _, ok := c.peerCN(); ok {
+			return "EXTERNAL " + mechanisms
+		}
+	}
+	return mechanisms
+}
+
+// parseStartOk reads the client's choice of mechanism and its response.
+// A mechanism that was not offered is a connection error, with RabbitMQ's
+// texts: "unknown" when EXTERNAL is not configured at all, "invalid" when
+// it is but this peer has no verified certificate.
+func (c *conn) parseStartOk(mechanism, response string) (login, error) {
+	if mechanism == "EXTERNAL" && c.srv.opts.External {
+		cn, ok := c.peerCN()
+		if !ok {
+			return login{}, wire.CommandInvalid("invalid authentication mechanism '%s'", mechanism)
+		}
+		// The response (an authorization identity) is ignored, as RabbitMQ does.
+		return login{user: cn, external: true}, nil
+	}
+	user, password, ok := parseLogin(mechanism, response)
+	if !ok {
+		return login{}, wire.CommandInvalid("unknown authentication mechanism '%s'", mechanism)
+	}
+	return login{user: user, password: password}, nil
+}
+
+// allow reports whether l may log in: a password login is checked against
+// the users; an EXTERNAL login needs a non-empty CN that names a
+// configured user (any CN when no users are configured).
+func (u users) allow(l login) bool {
+	if !l.external {
+		return u.check(l.user, l.password)
+	}
+	if l.user == "" {
+		return false
+	}
+	if len(u) == 0 {
+		return true
+	}
+	_, ok := u[l.user]
+	return ok
+}
 
 // users checks logins against the configured users. An empty set accepts
 // any credentials (the user name still names the connection).

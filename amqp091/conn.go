@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 const (
@@ -194,7 +195,7 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 		return hw.Flush()
 	}
 	if err := write(&wire.ConnectionStart{VersionMajor: 0, VersionMinor: 9, ServerProperties: c.serverProperties(),
-		Mechanisms: mechanisms, Locales: "en_US"}); err != nil {
+		Mechanisms: c.mechanismsFor(), Locales: "en_US"}); err != nil {
 		return err
 	}
 	m, err := c.readMethod()
@@ -212,11 +213,12 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 	if c.clientName == "" {
 		c.clientName, _ = so.ClientProperties["product"].(string)
 	}
-	user, password, known := parseLogin(so.Mechanism, so.Response)
-	if !known {
-		return wire.CommandInvalid("unknown authentication mechanism '%s'", so.Mechanism)
+	l, err := c.parseStartOk(so.Mechanism, so.Response)
+	if err != nil {
+		return err
 	}
-	if !c.srv.users.check(user, password) {
+	user := l.user
+	if !c.srv.users.allow(l) {
 		c.log.Warn("login refused", zap.String("user", user), zap.String("mechanism", so.Mechanism))
 		e := wire.AccessRefused("Login was refused using authentication mechanism %s. For details see the broker logfile.", so.Mechanism)
 		e.Hard = true
@@ -227,6 +229,11 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 		return e
 	}
 	c.user = user
+	if o.PasswordAsToken && !l.external {
+		// Every KubeMQ call made for this connection carries its password
+		// as the token (see Options.PasswordAsToken).
+		c.ctx = kubemqclient.WithToken(c.ctx, l.password)
+	}
 	if err := c.srv.ready(); err != nil {
 		c.log.Warn("refusing connection: KubeMQ unavailable", zap.Error(err))
 		return errBackendDown(err.Error())

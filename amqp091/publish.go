@@ -192,6 +192,18 @@ func (t *confirmTracker) complete(seq uint64, ok bool) {
 
 // emit sends what the completions so far allow.
 func (t *confirmTracker) emit() {
+	for _, m := range t.take() {
+		t.ch.send(m)
+		if _, ok := m.(*wire.BasicAck); ok {
+			t.ch.c.srv.m.confirms.WithLabelValues("ack").Inc()
+		} else {
+			t.ch.c.srv.m.confirms.WithLabelValues("nack").Inc()
+		}
+	}
+}
+
+// take returns the confirms the completions so far allow, in order.
+func (t *confirmTracker) take() []wire.Method {
 	var out []wire.Method
 	t.mu.Lock()
 	for !t.closed {
@@ -218,14 +230,7 @@ func (t *confirmTracker) emit() {
 		}
 	}
 	t.mu.Unlock()
-	for _, m := range out {
-		t.ch.send(m)
-		if _, ok := m.(*wire.BasicAck); ok {
-			t.ch.c.srv.m.confirms.WithLabelValues("ack").Inc()
-		} else {
-			t.ch.c.srv.m.confirms.WithLabelValues("nack").Inc()
-		}
-	}
+	return out
 }
 
 func (t *confirmTracker) close() {
@@ -264,6 +269,14 @@ type publisher struct {
 type pubItem struct {
 	msg  kubemqclient.QueueMessage
 	done *pubDone
+	// auth is the publishing connection's KubeMQ token (password
+	// pass-through); a batch carries copies of one token only.
+	auth pubAuth
+}
+
+type pubAuth struct {
+	token string
+	set   bool
 }
 
 const (
@@ -298,12 +311,17 @@ func (p *publisher) lane(channel string) chan pubItem {
 // on the publishing channel) and gives up when ctx ends.
 func (p *publisher) submit(ctx context.Context, m kubemqclient.QueueMessage, done *pubDone) bool {
 	select {
-	case p.lane(m.Channel) <- pubItem{m, done}:
+	case p.lane(m.Channel) <- pubItem{m, done, authOf(ctx)}:
 		return true
 	case <-ctx.Done():
 		done.resolve(false)
 		return false
 	}
+}
+
+func authOf(ctx context.Context) pubAuth {
+	tok, ok := kubemqclient.TokenFrom(ctx)
+	return pubAuth{tok, ok}
 }
 
 func itemSize(m *kubemqclient.QueueMessage) int {
@@ -317,42 +335,55 @@ func itemSize(m *kubemqclient.QueueMessage) int {
 func (p *publisher) run(in chan pubItem) {
 	batch := make([]kubemqclient.QueueMessage, 0, p.maxBatch)
 	dones := make([]*pubDone, 0, p.maxBatch)
+	var next *pubItem // taken from in but carrying another token than the batch
 	for {
 		var it pubItem
-		select {
-		case it = <-in:
-		case <-p.stop:
-			// Store what is already queued, then leave.
-			for {
-				select {
-				case it = <-in:
-					batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
-					p.send(batch, dones)
-				default:
-					return
+		if next != nil {
+			it, next = *next, nil
+		} else {
+			select {
+			case it = <-in:
+			case <-p.stop:
+				// Store what is already queued, then leave.
+				for {
+					select {
+					case it = <-in:
+						batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
+						p.send(it.auth, batch, dones)
+					default:
+						return
+					}
 				}
 			}
 		}
 		batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
+		auth := it.auth
 		size := itemSize(&it.msg)
 	fill:
 		for len(batch) < p.maxBatch && size < p.maxBytes {
 			select {
 			case it = <-in:
+				if it.auth != auth {
+					next = &it
+					break fill
+				}
 				batch, dones = append(batch, it.msg), append(dones, it.done)
 				size += itemSize(&it.msg)
 			default:
 				break fill
 			}
 		}
-		p.send(batch, dones)
+		p.send(auth, batch, dones)
 		clear(batch)
 		clear(dones)
 	}
 }
 
-func (p *publisher) send(batch []kubemqclient.QueueMessage, dones []*pubDone) {
+func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, dones []*pubDone) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if auth.set {
+		ctx = kubemqclient.WithToken(ctx, auth.token)
+	}
 	results, err := p.b.SendQueueMessages(ctx, batch)
 	cancel()
 	if err != nil {

@@ -44,6 +44,16 @@ type Options struct {
 	// Users maps user names to passwords, plain or "sha256:<hex>". Empty
 	// accepts any credentials.
 	Users map[string]string
+	// External offers SASL EXTERNAL to TLS peers whose client certificate
+	// the listener verified: the certificate's CN is the user, which must
+	// be in Users when Users is set (RabbitMQ's rabbitmq_auth_mechanism_ssl
+	// with ssl_cert_login_from = common_name).
+	External bool
+	// PasswordAsToken passes a PLAIN/AMQPLAIN password through as the
+	// KubeMQ auth token of the KubeMQ calls made for that connection
+	// (publishes, queue counts, purges). Deliveries come from one shared
+	// consumer per queue, which uses the proxy's own token.
+	PasswordAsToken bool
 	// Vhosts lists the virtual hosts clients may open; empty allows any.
 	// "/" and "default" name the same one.
 	Vhosts []string
@@ -403,13 +413,21 @@ func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
 // deleteQueue removes q from the topology (registry included), cancels
 // its consumers and purges its messages. It returns how many it purged.
 func (s *Server) deleteQueue(ctx context.Context, q *queue, why string) (uint32, error) {
+	if err := s.unlinkQueue(ctx, q, why); err != nil {
+		return 0, err
+	}
+	return s.purge(ctx, q)
+}
+
+// unlinkQueue is deleteQueue without the purge.
+func (s *Server) unlinkQueue(ctx context.Context, q *queue, why string) error {
 	vh := q.vh
 	vh.declMu.Lock()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := vh.deleteQueueRecord(wctx, q); err != nil {
 		cancel()
 		vh.declMu.Unlock()
-		return 0, err
+		return err
 	}
 	r := vh.removeQueue(q, why)
 	err := vh.persistRemoval(wctx, r, q)
@@ -418,24 +436,34 @@ func (s *Server) deleteQueue(ctx context.Context, q *queue, why string) (uint32,
 	if q.owner != nil {
 		q.owner.disown(q)
 	}
-	if err != nil {
-		return 0, err
-	}
-	return s.purge(ctx, q)
+	return err
 }
 
 // dropQueue deletes q on the proxy's behalf (exclusive owner gone,
-// auto-delete), logging failures.
+// auto-delete): it leaves the topology at once, so the name is free again,
+// and its messages are purged on a tracked goroutine, so nobody waits for
+// KubeMQ's purge. Failures are logged.
 func (s *Server) dropQueue(q *queue, why string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := s.deleteQueue(ctx, q, why); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := s.unlinkQueue(ctx, q, why)
+	cancel()
+	if err != nil {
 		s.log.Warn("deleting queue failed", zap.String("queue", q.name), zap.String("reason", why), zap.Error(err))
+		return
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s.purge(ctx, q); err != nil {
+			s.log.Warn("purging deleted queue failed", zap.String("queue", q.name), zap.Error(err))
+		}
+	}()
 }
 
-// dropQueueAsync runs dropQueue on a tracked goroutine, so the channel
-// that triggered it does not wait for KubeMQ's purge.
+// dropQueueAsync runs dropQueue on a tracked goroutine, for callers that
+// must not wait for the registry either.
 func (s *Server) dropQueueAsync(q *queue, why string) {
 	s.wg.Add(1)
 	go func() {

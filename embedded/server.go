@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
@@ -48,6 +50,10 @@ type Options struct {
 	SubscriptionBuffer int
 	// Now is the clock; nil = time.Now. Tests may inject one.
 	Now func() time.Time
+	// TLS, when set, makes the server speak gRPC over TLS (like a real KubeMQ with TLS enabled).
+	TLS *tls.Config
+	// ServerOptions are appended to the server's own (tests add interceptors).
+	ServerOptions []grpc.ServerOption
 }
 
 func (o *Options) setDefaults() error {
@@ -154,12 +160,16 @@ func New(opts Options) (*Server, error) {
 		}
 		s.store = st
 	}
-	s.grpc = grpc.NewServer(
+	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.MaxSendMsgSize(maxGRPCMessage),
 		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
-	)
+	}
+	if opts.TLS != nil {
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
+	}
+	s.grpc = grpc.NewServer(append(sopts, opts.ServerOptions...)...)
 	kubemqpb.RegisterKubemqServer(s.grpc, s)
 	s.delays.start()
 	s.goTracked(s.housekeeping)

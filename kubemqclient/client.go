@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -152,17 +151,17 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
 	}
-	if opts.AuthToken != "" {
-		tok := opts.AuthToken
-		dopts = append(dopts,
-			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
-				return invoker(metadata.AppendToOutgoingContext(ctx, "authorization", tok), method, req, reply, cc, o...)
-			}),
-			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
-				return streamer(metadata.AppendToOutgoingContext(ctx, "authorization", tok), desc, cc, method, o...)
-			}),
-		)
-	}
+	// Every call carries a token: the one WithToken put in its context, else
+	// Options.AuthToken, else none.
+	tok := opts.AuthToken
+	dopts = append(dopts,
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+			return invoker(withAuthorization(ctx, tok), method, req, reply, cc, o...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+			return streamer(withAuthorization(ctx, tok), desc, cc, method, o...)
+		}),
+	)
 	dopts = append(dopts, opts.DialOptions...)
 	conn, err := grpc.NewClient(opts.Address, dopts...)
 	if err != nil {

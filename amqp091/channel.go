@@ -3,6 +3,7 @@ package amqp091
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -248,13 +249,43 @@ func (ch *channel) shutdown() {
 	ch.unacked = map[uint64]*unacked{}
 	ch.order = nil
 	ch.dmu.Unlock()
+	var released, all []*delivery.Handle
 	for q, h := range ch.handles {
-		h.ReleaseAll()
-		h.Close()
+		if h.ReleaseAll() > 0 {
+			released = append(released, h)
+		}
+		all = append(all, h)
 		delete(ch.handles, q)
+	}
+	// RabbitMQ has requeued them when channel.close-ok goes out: a get or
+	// a declare right after must see them. The lease engine stores the
+	// fresh copies asynchronously, so wait (briefly) until it has.
+	for _, h := range released {
+		waitRequeued(h, requeueWait)
+	}
+	for _, h := range all {
+		h.Close()
 	}
 	ch.confirms.close()
 	ch.tx = nil
+}
+
+// requeueWait bounds how long a closing channel waits for the deliveries
+// it gave back to be in their queues again.
+const requeueWait = 3 * time.Second
+
+// waitRequeued waits until h's queue has no lease waiting to be requeued
+// (or d has passed). The engine offers no signal for it, so it looks at its
+// gauges: leases neither out nor buffered are being requeued.
+func waitRequeued(h *delivery.Handle, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		st := h.Consumer().Stats()
+		if st.Leases-st.Out-st.Buffered <= 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // handle returns the channel's lease handle on q, acquiring it once.

@@ -319,9 +319,21 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	if err != nil {
 		return err
 	}
-	if waiting == 0 && h.Consumer().Stats().Buffered == 0 {
-		ch.send(&wire.BasicGetEmpty{})
-		return nil
+	if waiting == 0 {
+		st := h.Consumer().Stats()
+		if st.Buffered == 0 && st.Leases-st.Out > 0 {
+			// Deliveries just given back (nack, reject, recover) are being
+			// stored again: RabbitMQ would already have them in the queue.
+			waitRequeued(h, requeueWait)
+			if waiting, err = c.srv.waiting(c.ctx, q); err != nil {
+				return err
+			}
+			st = h.Consumer().Stats()
+		}
+		if waiting == 0 && st.Buffered == 0 {
+			ch.send(&wire.BasicGetEmpty{})
+			return nil
+		}
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, getWait)
 	ds, err := h.Fetch(ctx, 1)

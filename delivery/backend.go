@@ -31,6 +31,16 @@ type Backend interface {
 	Retryable(err error) bool
 }
 
+// StateNotifier is an optional Backend interface. A Backend that can tell when KubeMQ becomes
+// unreachable lets the Manager drop every Consumer's leases at once, idle Consumers included (an
+// idle Consumer's poll loop would otherwise notice the outage only at its next Get, after the
+// front-end has already answered its clients UNAVAILABLE).
+type StateNotifier interface {
+	// OnStateChange registers fn for every readiness change. fn must return quickly and must
+	// not call back into the backend. remove unregisters it.
+	OnStateChange(fn func(up bool)) (remove func())
+}
+
 // Downstream is one QueuesDownstream stream. The engine uses it from one goroutine at a time,
 // with at most one open transaction, and closes it only when no Get is outstanding
 // (kubemq-api.md 8.7). Any error means the stream is no longer usable.

@@ -22,6 +22,9 @@ var (
 	// Delivery handed out before is void (its ack is ignored) and comes back through its
 	// lease record. Front-ends tell their clients (gRPC UNAVAILABLE, AMQP connection close).
 	ErrLeasesLost = errors.New("delivery: backend lost, leases dropped")
+	// ErrBackendDown is the cause wrapped in ErrLeasesLost when the backend's readiness signal
+	// (StateNotifier) reported KubeMQ unreachable.
+	ErrBackendDown = errors.New("delivery: KubeMQ reported unreachable")
 )
 
 // Options configure a Consumer (and every Consumer of a Manager).
@@ -165,6 +168,7 @@ type waiter struct {
 	max      int
 	holder   *Handle
 	deadline time.Duration
+	hold     time.Duration // promise without an engine deadline (Handle.SetHold)
 	got      []*Delivery
 	err      error
 	finished bool
@@ -195,12 +199,19 @@ type Consumer struct {
 	requeue    []*lease // leases whose copy the settler must enqueue
 	handles    map[*Handle]struct{}
 	closing    bool
-	emptyCh    chan struct{} // closed when the table becomes empty (Manager linger)
+	// unsure: lease records of this owner may exist for leases not (yet) in the table (a
+	// batch between storing its records and committing). A table drop must then change the
+	// owner, so those records are recovered rather than taken for settled leases.
+	unsure  bool
+	emptyCh chan struct{} // closed when the table becomes empty (Manager linger)
 	settled    chan struct{} // closed (and dropped) each time the settler finishes a pass
 	idle       chan struct{} // closed (and dropped) when the poll loop waits for demand (tests)
 
 	pollWake   chan struct{} // cap 1: demand appeared
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
+	// staleStream: the backend went down since the poll loop's stream was opened; the loop
+	// replaces the stream before its next Get.
+	staleStream atomic.Bool
 
 	pollCtx, settleCtx       context.Context
 	pollCancel, settleCancel context.CancelFunc
@@ -275,10 +286,10 @@ func (c *Consumer) Queue() string { return c.queue }
 // Waiting Fetch calls are served in FIFO order. It fails with ErrClosed after Close, and with
 // the backend's error (wrapped in ErrLeasesLost when leases were dropped) when KubeMQ fails.
 func (c *Consumer) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
-	return c.fetch(ctx, max, nil, c.opts.Deadline)
+	return c.fetch(ctx, max, nil, c.opts.Deadline, 0)
 }
 
-func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline time.Duration) ([]*Delivery, error) {
+func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline, hold time.Duration) ([]*Delivery, error) {
 	if max <= 0 {
 		return nil, fmt.Errorf("delivery: Fetch max %d must be positive", max)
 	}
@@ -290,7 +301,7 @@ func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline time.
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	w := &waiter{max: max, holder: h, deadline: deadline, done: make(chan struct{})}
+	w := &waiter{max: max, holder: h, deadline: deadline, hold: hold, done: make(chan struct{})}
 	c.waiters = append(c.waiters, w)
 	c.want += max
 	c.serveLocked(time.Now())
@@ -379,6 +390,8 @@ func (c *Consumer) handOutLocked(l *lease, w *waiter, now time.Time) *Delivery {
 		if c.heap.setDeadline(l, dl) {
 			wake(c.settleWake)
 		}
+	} else if w.hold > 0 {
+		l.promise = now.Add(w.hold)
 	}
 	l.d = &Delivery{
 		LeaseID:     l.key.String(),
@@ -418,7 +431,7 @@ func (c *Consumer) unhandLocked(ds []*Delivery) int {
 			continue
 		}
 		c.heap.remove(l)
-		l.deadline = time.Time{}
+		l.deadline, l.promise = time.Time{}, time.Time{}
 		c.unholdLocked(l)
 		l.state, l.fresh, l.d = stateBuffered, true, nil
 		back = append(back, l)
@@ -522,6 +535,24 @@ func (c *Consumer) Extend(id string, deadline time.Time) bool {
 		wake(c.settleWake)
 	}
 	return true
+}
+
+// Hold promises deliveries to their holder until until, without an engine deadline: lease
+// records written from now on tell another owner (a replica, or this process after a crash)
+// not to redeliver them before until (plus the record delay). The engine never expires a
+// promise; a front-end that runs its own deadlines (Pub/Sub) calls Hold whenever one moves.
+// It reports how many ids named live deliveries.
+func (c *Consumer) Hold(until time.Time, ids ...string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if l := c.lookupLocked(id); l != nil && l.state == stateOut {
+			l.promise = until
+			n++
+		}
+	}
+	return n
 }
 
 // Release gives deliveries back at once (AMQP requeue on channel close or basic.recover),
@@ -659,9 +690,15 @@ func (c *Consumer) drainRequeue(ctx context.Context) error {
 }
 
 // resetLocked drops the whole lease table after a backend failure: the records bring every
-// message back. The owner id changes, so records of the old table are recovered, not dropped.
+// message back. The owner id changes, so records of the old table are recovered, not dropped;
+// with nothing leased (and no batch in flight) it stays, so the records of settled leases
+// still read as obsolete and an idle Consumer's outage causes no duplicates.
 func (c *Consumer) resetLocked() int {
 	n := len(c.table)
+	if n == 0 && !c.unsure {
+		return 0
+	}
+	c.unsure = false
 	c.pastOwners = append(c.pastOwners, c.owner)
 	if len(c.pastOwners) > maxPastOwners {
 		c.pastOwners = c.pastOwners[1:]
@@ -682,6 +719,33 @@ func (c *Consumer) resetLocked() int {
 	c.st.resets.Add(1)
 	c.st.leasesLost.Add(uint64(n))
 	return n
+}
+
+// backendLost drops the lease table when the backend reports KubeMQ unreachable (the
+// Manager's readiness hook), so that an idle Consumer does not keep leases its front-end can no
+// longer honour; waiting Fetch calls fail with ErrLeasesLost. The poll loop replaces its stream
+// before the next Get.
+func (c *Consumer) backendLost() {
+	c.staleStream.Store(true)
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return
+	}
+	n := c.resetLocked()
+	waiting := len(c.waiters)
+	c.mu.Unlock()
+	if n == 0 && waiting == 0 {
+		return
+	}
+	lost := fmt.Errorf("%w: %w", ErrLeasesLost, ErrBackendDown)
+	c.log.Warn("KubeMQ unreachable; lease table dropped, lease records will bring the messages back", zap.Int("leases", n))
+	if c.opts.OnLeasesLost != nil {
+		c.opts.OnLeasesLost(lost, n)
+	}
+	c.mu.Lock()
+	c.failWaitersLocked(lost)
+	c.mu.Unlock()
 }
 
 // maxPastOwners bounds the dead incarnations a Consumer remembers.

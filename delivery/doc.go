@@ -27,10 +27,21 @@
 // A Manager hands out Handles on one Consumer per queue (reference counted). Fetch returns
 // Deliveries, each with an opaque LeaseID minted per delivery; Ack, Nack (with an optional
 // retry delay), Extend (modifyAckDeadline), Release (requeue) and Unfetch (never shown to a
-// client) settle them by id. Unknown or stale ids report false. BeforeRedeliver lets a
-// front-end dead-letter a message instead of redelivering it; OnLeasesLost and ErrLeasesLost
-// report a backend failure, after which every earlier Delivery is void. Totals are exported
-// to Prometheus by the Manager.
+// client) settle them by id. Unknown or stale ids report false. A front-end that runs its own
+// deadlines (Pub/Sub) leaves the engine deadline at 0 and states them with Handle.SetHold and
+// Hold instead: the engine never expires those, but its lease records carry them, so another
+// owner waits for them. BeforeRedeliver lets a front-end dead-letter a message instead of
+// redelivering it; OnLeasesLost and ErrLeasesLost report a backend failure, after which every
+// earlier Delivery is void. Totals are exported to Prometheus by the Manager.
+//
+// # Outages
+//
+// A broken stream drops the Consumer's lease table (the records bring every message back).
+// With a Backend that is a StateNotifier (NewKubeMQBackend is: it passes on the client's health
+// pings) the Manager also drops the tables of every Consumer as soon as KubeMQ is reported
+// unreachable, idle ones included, fails their waiting Fetch calls with ErrLeasesLost and makes
+// their poll loops open fresh streams; pollers rebuild on the next Fetch. A Consumer with
+// nothing leased keeps its owner id, so an outage alone causes no duplicates.
 //
 // # Lease records and owners
 //
@@ -39,8 +50,10 @@
 // previous one closed with every lease settled. So "owner is me and the lease is unknown"
 // always means "settled", and a record is never dropped for a lease that was forgotten.
 // Entries of an earlier incarnation of the same Consumer are redelivered at once; entries of
-// another owner are bounced until their expiry (the lease deadline, or HoldExpiry after the
-// last re-arm) plus RecordDelay, then redelivered.
+// another owner are bounced until their expiry (the lease deadline or Hold promise, or the
+// waiting fetchers' deadline or hold for a fresh record, or HoldExpiry after the last re-arm)
+// plus RecordDelay, then redelivered. Records return only while the Consumer polls (some Fetch
+// waits), so a promise made later reaches the records at the next re-arm.
 //
 // Consequences (at-least-once, never loss):
 //   - after a proxy crash or restart, messages acked in the last ~RecordDelay+HoldExpiry come

@@ -50,6 +50,10 @@ func (k kubemqBackend) OpenDownstream(ctx context.Context) (Downstream, error) {
 
 func (k kubemqBackend) Retryable(err error) bool { return kubemqclient.IsRetryable(err) }
 
+// OnStateChange passes on the client's readiness (its health pings), making kubemqBackend a
+// StateNotifier.
+func (k kubemqBackend) OnStateChange(fn func(up bool)) func() { return k.c.OnStateChange(fn) }
+
 type kubemqDownstream struct{ d *kubemqclient.Downstream }
 
 func (k kubemqDownstream) Get(ctx context.Context, queue string, maxItems int, wait time.Duration) (string, []Message, error) {

@@ -29,6 +29,7 @@ type lease struct {
 	fresh    bool      // never handed out: a release re-enqueues it with the same attempt
 	hooked   bool      // BeforeRedeliver already let this redelivery through
 	deadline time.Time // stateOut: expiry (zero = none); stateDelayed: redelivery time
+	promise  time.Time // stateOut without deadline: held until then (Hold); zero = none
 	hi       int       // index in the deadline heap, -1 when not in it
 	holder   *Handle   // the Handle whose Fetch took it, if any
 	d        *Delivery // what the holder got (nil before hand-out, except adopted leases)

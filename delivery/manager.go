@@ -34,9 +34,11 @@ type Manager struct {
 	retired      map[string]*identity
 	closedTotals Stats // counters of Consumers already closed
 	closed       bool
-	wg           sync.WaitGroup // linger goroutines
+	wg           sync.WaitGroup // linger goroutines and the outage watcher
 	ctx          context.Context
 	cancel       context.CancelFunc
+	down         chan struct{} // cap 1: the backend reported KubeMQ unreachable
+	unwatch      func()        // removes the readiness hook; nil without one
 }
 
 // managed is one queue's Consumer and its users. Guarded by Manager.mu.
@@ -67,7 +69,39 @@ func NewManager(b Backend, opts Options, metrics prometheus.Registerer) (*Manage
 			return nil, fmt.Errorf("delivery: register metrics: %w", err)
 		}
 	}
+	if sn, ok := b.(StateNotifier); ok {
+		m.down = make(chan struct{}, 1)
+		m.unwatch = sn.OnStateChange(func(up bool) {
+			if !up {
+				wake(m.down)
+			}
+		})
+		m.wg.Add(1)
+		go m.watchOutages()
+	}
 	return m, nil
+}
+
+// watchOutages drops the leases of every open Consumer each time the backend reports KubeMQ
+// unreachable (the hook itself must not block, so the work happens here).
+func (m *Manager) watchOutages() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.down:
+		case <-m.ctx.Done():
+			return
+		}
+		m.mu.Lock()
+		cs := make([]*Consumer, 0, len(m.queues))
+		for _, e := range m.queues {
+			cs = append(cs, e.c)
+		}
+		m.mu.Unlock()
+		for _, c := range cs {
+			c.backendLost()
+		}
+	}
 }
 
 // Acquire returns a Handle on queue's Consumer, starting it if needed. If the queue's previous
@@ -223,6 +257,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		}
 	}
 	m.mu.Unlock()
+	if m.unwatch != nil {
+		m.unwatch()
+	}
 	m.cancel()
 	m.wg.Wait()
 	var wg sync.WaitGroup
@@ -256,6 +293,7 @@ type Handle struct {
 	// Guarded by c.mu.
 	leases   map[leaseKey]*lease
 	deadline time.Duration
+	hold     time.Duration
 	closed   bool
 }
 
@@ -269,16 +307,28 @@ func (h *Handle) SetDeadline(d time.Duration) {
 	h.deadline = max(d, 0)
 }
 
+// SetHold makes later Fetch calls through h promise their deliveries for d without an engine
+// deadline (see Consumer.Hold): the front-end runs the deadlines, the lease records carry them.
+// It applies only while h's deadline is 0; 0 = no promise (records then say HoldExpiry).
+func (h *Handle) SetHold(d time.Duration) {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	h.hold = max(d, 0)
+}
+
 // Fetch is Consumer.Fetch with h's deadline, recording the deliveries as h's.
 func (h *Handle) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
 	h.c.mu.Lock()
-	closed, dl := h.closed, h.deadline
+	closed, dl, hold := h.closed, h.deadline, h.hold
 	h.c.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
-	return h.c.fetch(ctx, max, h, dl)
+	return h.c.fetch(ctx, max, h, dl, hold)
 }
+
+// Hold is Consumer.Hold.
+func (h *Handle) Hold(until time.Time, ids ...string) int { return h.c.Hold(until, ids...) }
 
 // Ack is Consumer.Ack.
 func (h *Handle) Ack(ids ...string) []bool { return h.c.Ack(ids...) }

@@ -43,6 +43,9 @@ func (c *Consumer) pollLoop() {
 		if !ok {
 			return
 		}
+		if c.staleStream.Swap(false) {
+			closeStream() // opened before an outage: replace it rather than fail on it
+		}
 		if ds == nil {
 			var err error
 			ds, err = c.b.OpenDownstream(c.pollCtx)
@@ -175,6 +178,10 @@ func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) 
 		if serr := ds.Sync(ctx, tx); serr != nil {
 			return true, fmt.Errorf("delivery: sync %s: %w", c.queue, serr)
 		}
+		// The messages are back in the queue: any record stored for them is obsolete.
+		c.mu.Lock()
+		c.unsure = false
+		c.mu.Unlock()
 		return false, err
 	}
 	ctx, cancel = context.WithTimeout(opCtx, opTimeout)
@@ -194,6 +201,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) 
 // batch is what one Get turns into: new leases, re-armed and recovered ones, and the records
 // that must be stored before the transaction is acked.
 type batch struct {
+	owner     ownerID  // the owner its records name
 	fresh     []*lease // from data messages: buffered once committed
 	rearm     []rearm  // own live leases whose returned entry was current
 	recovered []*lease // entries of dead owners: redelivered once committed
@@ -247,7 +255,6 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 		b.entries++
 	}
 	delay := c.opts.RecordDelay
-	fresh := now.Add(c.opts.HoldExpiry).UnixMilli()
 
 	var entries []entry
 	for _, r := range recs {
@@ -262,6 +269,11 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 
 	c.mu.Lock()
 	owner := c.owner
+	b.owner = owner
+	fresh := now.Add(c.freshHoldLocked()).UnixMilli()
+	if len(b.fresh) > 0 || len(entries) > 0 {
+		c.unsure = true // records for leases not in the table are about to be stored
+	}
 	type pending struct {
 		l   *lease
 		gen uint32
@@ -387,13 +399,31 @@ func newLease(k leaseKey, m *Message) *lease {
 	return l
 }
 
-// expiresAtLocked is the time after which another owner may redeliver l: its deadline when it
-// has one, else HoldExpiry ahead (a lease without deadline is re-armed every record delay).
+// expiresAtLocked is the time after which another owner may redeliver l: its deadline or its
+// promise (Hold) when it has one, else HoldExpiry ahead (a lease without either is re-armed
+// every record delay).
 func (c *Consumer) expiresAtLocked(l *lease, now time.Time) int64 {
-	if (l.state == stateOut || l.state == stateDelayed) && !l.deadline.IsZero() {
+	switch {
+	case (l.state == stateOut || l.state == stateDelayed) && !l.deadline.IsZero():
 		return l.deadline.UnixMilli()
+	case l.state == stateOut && !l.promise.IsZero():
+		return l.promise.UnixMilli()
 	}
 	return now.Add(c.opts.HoldExpiry).UnixMilli()
+}
+
+// freshHoldLocked is how long the record of a message just received promises it: the longest
+// deadline or hold among the waiting Fetch calls (one of them will get it), else HoldExpiry.
+// So after a crash a Pub/Sub message comes back after its ack deadline, not HoldExpiry.
+func (c *Consumer) freshHoldLocked() time.Duration {
+	var d time.Duration
+	for _, w := range c.waiters {
+		d = max(d, w.deadline, w.hold)
+	}
+	if d <= 0 {
+		return c.opts.HoldExpiry
+	}
+	return d
 }
 
 func (c *Consumer) pastOwnerLocked(o ownerID) bool {
@@ -472,6 +502,12 @@ func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
 func (c *Consumer) commit(b *batch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if b.owner != c.owner {
+		// The table was dropped while the batch was stored: its records name a past owner and
+		// bring every message back as a recovery.
+		return
+	}
+	c.unsure = false
 	for _, r := range b.rearm {
 		if c.table[r.l.key] == r.l && r.l.gen == r.gen-1 {
 			r.l.gen = r.gen

@@ -204,8 +204,8 @@ type Consumer struct {
 	// owner, so those records are recovered rather than taken for settled leases.
 	unsure  bool
 	emptyCh chan struct{} // closed when the table becomes empty (Manager linger)
-	settled    chan struct{} // closed (and dropped) each time the settler finishes a pass
-	idle       chan struct{} // closed (and dropped) when the poll loop waits for demand (tests)
+	settled chan struct{} // closed (and dropped) each time the settler finishes a pass
+	idle    chan struct{} // closed (and dropped) when the poll loop waits for demand (tests)
 
 	pollWake   chan struct{} // cap 1: demand appeared
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline

@@ -503,6 +503,18 @@ func (ch *channel) recover(requeue bool) error {
 // without requeue: there is no dead-lettering) ends the lease, a requeue
 // gives the message back for redelivery.
 func (ch *channel) settle(us []*unacked, requeue []bool) {
+	if len(us) == 1 {
+		// The common case (one basic.ack per delivery) without the grouping.
+		u := us[0]
+		if requeue != nil && requeue[0] {
+			u.h.Release(u.d.LeaseID)
+			ch.c.srv.m.requeued.Inc()
+		} else {
+			u.h.Ack(u.d.LeaseID)
+			ch.c.srv.m.acked.Inc()
+		}
+		return
+	}
 	type batch struct{ ack, release []string }
 	by := map[*delivery.Handle]*batch{}
 	for i, u := range us {

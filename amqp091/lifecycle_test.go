@@ -1,6 +1,7 @@
 package amqp091
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -17,6 +18,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	streadway "github.com/streadway/amqp"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 // selfSigned makes a certificate for localhost and a pool trusting it.
@@ -254,5 +257,58 @@ func TestTLSListener(t *testing.T) {
 	}
 	if _, err := ch.QueueDeclare("tlsq", false, false, true, false, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A message sent by a native KubeMQ client to an AMQP queue's channel
+// reaches AMQP consumers with its tags as headers and its metadata in
+// x-kubemq-metadata; an AMQP message read natively carries the documented
+// metadata envelope and tags.
+func TestNativeKubeMQInterop(t *testing.T) {
+	e := newEnv(t)
+	ch := e.channel(e.dial())
+	if _, err := ch.QueueDeclare("interop", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	channel := kubemqclient.Channel("amqp", e.vhost, "interop")
+	ctx := context.Background()
+	if _, err := e.kc.SendQueueMessage(ctx, kubemqclient.QueueMessage{Channel: channel, Metadata: "native-meta",
+		Body: []byte("from kubemq"), Tags: map[string]string{"color": "blue"}}); err != nil {
+		t.Fatal(err)
+	}
+	d, ok, err := ch.Get("interop", false)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	if string(d.Body) != "from kubemq" || d.Exchange != "" || d.RoutingKey != "interop" ||
+		d.Headers["color"] != "blue" || d.Headers[HeaderKubeMQMeta] != "native-meta" {
+		t.Fatalf("native message as delivered: %+v", d)
+	}
+	d.Ack(false)
+
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirm("amq.direct", "nope", false, false, amqp.Publishing{})
+	if err != nil || !dc.Wait() {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("interop", "rk", "amq.direct", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	dc, err = ch.PublishWithDeferredConfirm("amq.direct", "rk", false, false, amqp.Publishing{ContentType: "text/plain",
+		CorrelationId: "c1", Headers: amqp.Table{"n": int32(7)}, Body: []byte("from amqp")})
+	if err != nil || !dc.Wait() {
+		t.Fatal(err)
+	}
+	res, err := e.kc.ReceiveQueueMessages(ctx, channel, 1, time.Second, false)
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("native receive: %v %+v", err, res)
+	}
+	m := res.Messages[0]
+	if string(m.Body) != "from amqp" || m.Metadata != `{"amqp_headers":{"n":{"$t":"I","v":7}}}` ||
+		m.Tags[TagExchange] != "amq.direct" || m.Tags[TagRoutingKey] != "rk" || m.Tags["content-type"] != "text/plain" ||
+		m.Tags["correlation-id"] != "c1" || m.Tags["n"] != "7" {
+		t.Fatalf("AMQP message as stored: %+v", m)
 	}
 }

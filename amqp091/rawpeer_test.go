@@ -23,16 +23,18 @@ type peer struct {
 	fw *wire.FrameWriter
 }
 
-func (e *env) rawDial() *peer {
-	e.t.Helper()
+func (e *env) rawDial() *peer { return e.rawDialFor(e.t) }
+
+func (e *env) rawDialFor(t testing.TB) *peer {
+	t.Helper()
 	nc, err := net.Dial("tcp", e.addr)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	e.t.Cleanup(func() { nc.Close() })
+	t.Cleanup(func() { nc.Close() })
 	nc.SetDeadline(time.Now().Add(20 * time.Second)) // nothing may hang
 	bw := bufio.NewWriter(nc)
-	return &peer{t: e.t, nc: nc, fr: wire.NewFrameReader(bufio.NewReader(nc), 1<<20), bw: bw, fw: wire.NewFrameWriter(bw, 1<<20)}
+	return &peer{t: t, nc: nc, fr: wire.NewFrameReader(bufio.NewReader(nc), 1<<20), bw: bw, fw: wire.NewFrameWriter(bw, 1<<20)}
 }
 
 func (p *peer) raw(b []byte) {
@@ -356,4 +358,47 @@ func TestRawMissedHeartbeats(t *testing.T) {
 	if heartbeats == 0 {
 		t.Fatal("server sent no heartbeats")
 	}
+}
+
+// FuzzConnection feeds arbitrary bytes to an open connection (after the
+// handshake and channel.open) and half-closes: the server must neither
+// panic nor hang, whatever it makes of them.
+func FuzzConnection(f *testing.F) {
+	frame := func(typ wire.FrameType, ch uint16, m wire.Method) []byte {
+		p, _ := wire.AppendMethod(nil, m)
+		return wire.AppendFrame(nil, typ, ch, p)
+	}
+	hdr := func(size uint64) []byte {
+		b, _ := wire.AppendContentHeader(nil, &wire.ContentHeader{ClassID: wire.ClassBasic, BodySize: size,
+			Properties: wire.Properties{Flags: wire.FlagHeaders, Headers: wire.Table{"a": int32(1)}}})
+		return wire.AppendFrame(nil, wire.FrameHeader, 1, b)
+	}
+	var publish []byte
+	publish = append(publish, frame(wire.FrameMethod, 1, &wire.QueueDeclare{Queue: "fz"})...)
+	publish = append(publish, frame(wire.FrameMethod, 1, &wire.BasicPublish{RoutingKey: "fz", Mandatory: true})...)
+	publish = append(publish, hdr(3)...)
+	publish = append(publish, wire.AppendFrame(nil, wire.FrameBody, 1, []byte("abc"))...)
+	f.Add(publish)
+	f.Add(append(frame(wire.FrameMethod, 1, &wire.BasicConsume{Queue: "fz"}), frame(wire.FrameMethod, 1, &wire.BasicGet{Queue: "fz"})...))
+	f.Add(frame(wire.FrameMethod, 1, &wire.ExchangeDeclare{Exchange: "x", Type: "topic"}))
+	f.Add(append(frame(wire.FrameMethod, 1, &wire.ConfirmSelect{}), publish...))
+	f.Add(frame(wire.FrameMethod, 0, &wire.ConnectionClose{ReplyCode: 200}))
+	f.Add(frame(wire.FrameMethod, 1, &wire.ChannelClose{ReplyCode: 200}))
+	f.Add(frame(wire.FrameMethod, 1, &wire.BasicAck{DeliveryTag: 1, Multiple: true}))
+	f.Add([]byte{1, 0, 1, 0, 0, 0, 4, 0, 60, 0, 40, 0xce})
+	f.Add([]byte{3, 0, 1, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte("AMQP\x00\x00\x09\x01"))
+	e := newEnv(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p := e.rawDialFor(t)
+		p.open(e.vhost, nil)
+		p.openChannel(1)
+		p.nc.SetDeadline(time.Now().Add(20 * time.Second))
+		p.raw(data)
+		p.nc.(*net.TCPConn).CloseWrite()
+		// Whatever it answered, the server must end the connection.
+		if _, err := io.Copy(io.Discard, p.nc); err != nil && !strings.Contains(err.Error(), "reset by peer") {
+			t.Fatalf("server did not close the connection: %v", err)
+		}
+	})
 }

@@ -312,3 +312,57 @@ func TestNativeKubeMQInterop(t *testing.T) {
 		t.Fatalf("AMQP message as stored: %+v", m)
 	}
 }
+
+// A proxy that dies (its KubeMQ streams cut, its memory gone) loses
+// nothing: another instance delivers the unconsumed messages at once and
+// the ones the dead one had delivered but not seen acknowledged once their
+// lease records come back, marked redelivered.
+func TestCrashedProxyLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for lease records (about 10 s)")
+	}
+	a := newEnv(t)
+	ch := a.channel(a.dial())
+	if _, err := ch.QueueDeclare("crash.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "crash.q", "m1", "m2", "m3")
+	if err := ch.Qos(2, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := ch.Consume("crash.q", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]bool{}
+	for range 2 {
+		held[string(mustRecv(t, msgs, "delivery").Body)] = true
+	}
+	// "kill -9": the proxy's KubeMQ connection goes away with its leases.
+	a.kc.Close()
+
+	b := &env{t: t, kubemq: a.kubemq, vhost: a.vhost, regChan: a.regChan, log: a.log}
+	b.start()
+	bch := b.channel(b.dial())
+	got := map[string]bool{}
+	bmsgs, err := bch.Consume("crash.q", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(60 * time.Second)
+	for len(got) < 3 {
+		select {
+		case d := <-bmsgs:
+			if held[string(d.Body)] && !d.Redelivered {
+				t.Errorf("%s was delivered before the crash but not marked redelivered", d.Body)
+			}
+			got[string(d.Body)] = true
+			d.Ack(false)
+		case <-deadline:
+			t.Fatalf("after the crash got only %v", got)
+		}
+	}
+}

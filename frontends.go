@@ -57,6 +57,10 @@ func frontends() []proxy.FrontendFactory {
 					Users:          d.Config.AMQP.Users,
 					MaxBodySize:    d.Config.AMQP.MaxBodySize,
 					MaxConnections: d.Config.AMQP.MaxConnections,
+					// EXTERNAL is checked on the AMQPS listener, which verifies
+					// client certificates against amqp.client_ca_file.
+					External:        d.Config.AMQP.ClientCAFile != "",
+					PasswordAsToken: d.Config.AMQP.PasswordAsKubeMQToken,
 				})
 			},
 		},

@@ -62,6 +62,10 @@ type AMQPConfig struct {
 	MaxBodySize int `mapstructure:"max_body_size"`
 	// MaxConnections caps open AMQP connections; 0 = no cap.
 	MaxConnections int `mapstructure:"max_connections"`
+	// PasswordAsKubeMQToken passes each connection's AMQP password through
+	// as the KubeMQ auth token of the calls made for it, so that KubeMQ
+	// (not amqp.users) decides who may publish.
+	PasswordAsKubeMQToken bool `mapstructure:"password_as_kubemq_token"`
 }
 
 // HTTPConfig is the side port: /healthz, /readyz, /metrics.
@@ -173,6 +177,12 @@ func (c *Config) Validate() error {
 		if _, err := os.Stat(f.val); err != nil {
 			return fmt.Errorf("%s: %v", f.key, err)
 		}
+	}
+	if c.AMQP.ClientCAFile != "" && c.AMQP.CertFile == "" {
+		return errors.New("amqp.client_ca_file needs amqp.cert_file and amqp.key_file (client certificates are checked on the AMQPS listener)")
+	}
+	if !c.KubeMQ.TLS && (c.KubeMQ.CAFile != "" || c.KubeMQ.CertFile != "" || c.KubeMQ.ServerName != "") {
+		return errors.New("kubemq.ca_file, kubemq.cert_file and kubemq.server_name need kubemq.tls: true")
 	}
 	if (c.KubeMQ.CertFile == "") != (c.KubeMQ.KeyFile == "") {
 		return errors.New("kubemq.cert_file and kubemq.key_file must be set together")

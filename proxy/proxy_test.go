@@ -112,6 +112,9 @@ func TestValidateRejectsBadValues(t *testing.T) {
 		"log level":   func(c *proxy.Config) { c.Log.Level = "loud" },
 		"cert alone":  func(c *proxy.Config) { c.AMQP.CertFile = "/nonexistent" },
 		"registry ch": func(c *proxy.Config) { c.Registry.Channel = "a b" },
+		// Existing files, so that only the combination is wrong.
+		"client ca without cert": func(c *proxy.Config) { c.AMQP.ClientCAFile = "proxy_test.go" },
+		"kubemq ca without tls":  func(c *proxy.Config) { c.KubeMQ.CAFile = "proxy_test.go" },
 	} {
 		cfg := proxy.Defaults()
 		mut(&cfg)

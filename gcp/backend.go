@@ -18,6 +18,9 @@ type backend interface {
 	enqueue(ctx context.Context, msgs []kubemqclient.QueueMessage) error
 	// purge drops everything waiting in a queue.
 	purge(ctx context.Context, queue string) error
+	// queueKnown reports whether KubeMQ lists the queue (it has ever been
+	// sent to or read from).
+	queueKnown(ctx context.Context, queue string) (bool, error)
 }
 
 // Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100

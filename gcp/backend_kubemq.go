@@ -31,6 +31,15 @@ func (b kubemqBackend) enqueue(ctx context.Context, msgs []kubemqclient.QueueMes
 	})
 }
 
+func (b kubemqBackend) queueKnown(ctx context.Context, queue string) (bool, error) {
+	info, err := b.c.QueuesInfo(ctx, queue)
+	if err != nil {
+		return false, err
+	}
+	_, ok := info.Queue(queue)
+	return ok, nil
+}
+
 // purgeWait is AckAll's wait; the server raises it to 1 s anyway.
 const purgeWait = time.Second
 

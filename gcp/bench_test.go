@@ -41,7 +41,7 @@ type benchTarget struct {
 
 var benchTargets = []benchTarget{
 	{"proxy", 100_000, func(b *testing.B) (string, string) {
-		e := startEnv(b, func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 200_000 })
+		e := startEnv(b, withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 200_000 }))
 		return e.addr, e.project
 	}},
 	{"pstest", 5_000, func(b *testing.B) (string, string) {
@@ -224,7 +224,7 @@ func BenchmarkLatency(b *testing.B) {
 // leased by one stream (proxy, client and embedded KubeMQ in one process).
 func BenchmarkLeasedRSS(b *testing.B) {
 	const n = 100_000
-	e := startEnv(b, func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 2 * n })
+	e := startEnv(b, withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 2 * n }))
 	c := benchClient(b, e.addr, e.project)
 	topicID, subID := benchTopology(b, c, e.project)
 	publishAll(b, c, topicID, n)

@@ -23,7 +23,11 @@ const (
 )
 
 // Channel prefixes: topic t is the events-store log "gcp.{t}",
-// subscription s the queue "gcp.sub.{s}".
+// subscription s the queue "gcp.sub.{s}". A subscription created again
+// under an id whose queue KubeMQ already knows gets a queue of its own,
+// "gcp.sub.{s}.{uid}" (subIncarnationChannel): lease records, delayed
+// redeliveries and a lingering consumer of the old incarnation can then
+// never put its messages into the new one. The record keeps the name.
 const (
 	topicPrefix = "gcp"
 	subPrefix   = "gcp.sub"
@@ -31,6 +35,9 @@ const (
 
 func topicChannel(id string) string { return kubemqclient.Channel(topicPrefix, id) }
 func subChannel(id string) string   { return kubemqclient.Channel(subPrefix, id) }
+func subIncarnationChannel(id, uid string) string {
+	return kubemqclient.Channel(subPrefix, id, uid)
+}
 
 // record is one registry entry as the catalog sees it.
 type record struct {
@@ -64,6 +71,9 @@ type subRecord struct {
 	TopicID  string          `json:"topic_id"`
 	TopicUID string          `json:"topic_uid"`
 	Sub      json.RawMessage `json:"subscription"` // protojson of pubsubpb.Subscription
+	// Queue is the KubeMQ queue of this incarnation; empty in records
+	// written before it existed, which use subChannel(id).
+	Queue string `json:"queue,omitempty"`
 }
 
 // topicEntry and subEntry are immutable once built: an update replaces the
@@ -201,7 +211,10 @@ func decodeSub(key string, raw json.RawMessage) (*subEntry, error) {
 	if err := protojson.Unmarshal(rec.Sub, s); err != nil {
 		return nil, err
 	}
-	e := &subEntry{id: key, uid: rec.UID, topicID: rec.TopicID, topicUID: rec.TopicUID, proto: s, queue: subChannel(key)}
+	e := &subEntry{id: key, uid: rec.UID, topicID: rec.TopicID, topicUID: rec.TopicUID, proto: s, queue: rec.Queue}
+	if e.queue == "" {
+		e.queue = subChannel(key)
+	}
 	if s.Filter != "" {
 		m, err := compileFilter(s.Filter)
 		if err != nil {
@@ -222,7 +235,7 @@ func encodeTopic(uid string, t *pubsubpb.Topic) (topicRecord, error) {
 
 func encodeSub(e *subEntry) (subRecord, error) {
 	raw, err := protojson.Marshal(e.proto)
-	return subRecord{UID: e.uid, TopicID: e.topicID, TopicUID: e.topicUID, Sub: raw}, err
+	return subRecord{UID: e.uid, TopicID: e.topicID, TopicUID: e.topicUID, Sub: raw, Queue: e.queue}, err
 }
 
 func (c *catalog) topic(id string) (*topicEntry, bool) {

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
@@ -28,7 +29,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, "request canceled")
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded while storing in KubeMQ")
-	case errors.Is(err, kubemqclient.ErrUnavailable), errors.Is(err, kubemqclient.ErrClosed), kubemqclient.IsRetryable(err):
+	case errors.Is(err, kubemqclient.ErrUnavailable), errors.Is(err, kubemqclient.ErrClosed), kubemqclient.IsRetryable(err),
+		errors.Is(err, delivery.ErrLeasesLost):
 		return status.Error(codes.Unavailable, "KubeMQ unavailable, retry: "+err.Error())
 	}
 	return status.Error(codes.Internal, "kubemq-proxy: "+err.Error())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -42,14 +43,41 @@ type env struct {
 	suffix  string // makes ids unique on a shared external KubeMQ
 	ready   atomic.Pointer[error]
 	log     *zap.Logger
-	opts    []envOption
+	cfg     envConfig
+	relay   *relay // between the proxy's KubeMQ client and the server, when asked for
 	stop    func() // stops the current replica
 }
 
-type envOption func(*gcp.Options)
+// envConfig is what envOptions adjust.
+type envConfig struct {
+	gcp      []func(*gcp.Options)
+	delivery delivery.Options
+	// relay puts a TCP relay the test can cut between the proxy's KubeMQ
+	// client and the server; the readiness gate then follows the client.
+	relay bool
+}
+
+type envOption func(*envConfig)
+
+// withGCP adjusts the front-end's options.
+func withGCP(f func(*gcp.Options)) envOption {
+	return func(c *envConfig) { c.gcp = append(c.gcp, f) }
+}
+
+// withDelivery sets the lease engine's options (the logger is added).
+func withDelivery(o delivery.Options) envOption {
+	return func(c *envConfig) { c.delivery = o }
+}
+
+// withRelay puts a cuttable TCP relay in front of KubeMQ.
+func withRelay() envOption { return func(c *envConfig) { c.relay = true } }
 
 func startEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
+	var cfg envConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	var kaddr string
 	log := zaptest.NewLogger(t)
 	if _, bench := t.(*testing.B); bench {
@@ -64,15 +92,24 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	} else {
 		kaddr = kubemqtest.Address(t)
 	}
+	var rl *relay
+	if cfg.relay {
+		rl = startRelay(t, kaddr)
+		kaddr = rl.addr
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq")})
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"),
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { kc.Close() })
+	if err := kc.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
 	suffix := randSuffix()
-	e := &env{t: t, kc: kc, project: "proj-" + suffix, suffix: suffix, log: log, opts: opts}
+	e := &env{t: t, kc: kc, project: "proj-" + suffix, suffix: suffix, log: log, cfg: cfg, relay: rl}
 	e.addr, e.srv, e.stop = e.startReplica()
 	t.Cleanup(func() { e.stop() })
 	return e
@@ -98,7 +135,9 @@ func (e *env) startReplica() (addr string, srv *gcp.Server, stop func()) {
 		t.Fatalf("registry replay: %v", err)
 	}
 	e.reg = reg
-	dm, err := delivery.NewManager(delivery.NewKubeMQBackend(e.kc), delivery.Options{Logger: e.log.Named("delivery")}, nil)
+	dopts := e.cfg.delivery
+	dopts.Logger = e.log.Named("delivery")
+	dm, err := delivery.NewManager(delivery.NewKubeMQBackend(e.kc), dopts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,9 +146,12 @@ func (e *env) startReplica() (addr string, srv *gcp.Server, stop func()) {
 		if p := e.ready.Load(); p != nil {
 			return *p
 		}
+		if e.relay != nil && !e.kc.Ready() {
+			return errKubeMQDown
+		}
 		return nil
 	}}
-	for _, f := range e.opts {
+	for _, f := range e.cfg.gcp {
 		f(&o)
 	}
 	srv, err = gcp.New(o)
@@ -196,3 +238,5 @@ func wantCode(t *testing.T, err error, want codes.Code, contains string) {
 		t.Fatalf("message %q does not contain %q", st.Message(), contains)
 	}
 }
+
+var errKubeMQDown = errors.New("KubeMQ unreachable")

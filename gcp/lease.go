@@ -122,6 +122,7 @@ type subRuntime struct {
 	ready   []*lease             // ordered: heads to hand out again, oldest first
 	changed chan struct{}        // closed and replaced when room or ready work appears
 	closed  bool
+	hold    time.Duration // the engine hold last set on h
 	timer   *time.Timer
 	wake    chan struct{} // cap 1: the earliest deadline moved
 
@@ -172,13 +173,22 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			r.mu.Unlock()
 			return nil, errRuntimeClosed
 		}
-		if out := r.handReadyLocked(e, max, f, deadline); len(out) > 0 {
+		if out, ids := r.handReadyLocked(e, max, f, deadline); len(out) > 0 {
 			r.mu.Unlock()
+			// Redelivered in place: the lease records promise the new deadline.
+			r.h.Hold(time.Now().Add(deadline), ids...)
 			return out, nil
 		}
 		room := min(max, r.s.cfg.MaxInflightPerSubscription-len(r.leases))
 		changed := r.changed
+		setHold := r.hold != deadline
+		r.hold = deadline
 		r.mu.Unlock()
+		if setHold {
+			// Records of messages fetched from now on carry the ack deadline,
+			// so a crash redelivers them after it (not after HoldExpiry).
+			r.h.SetHold(deadline)
+		}
 		if room <= 0 {
 			// The in-flight ceiling: the tail stays in KubeMQ until
 			// something is settled.
@@ -257,19 +267,22 @@ func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow,
 	return out
 }
 
-// handReadyLocked hands out ordered heads that became ready again.
-func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline time.Duration) []*pubsubpb.ReceivedMessage {
+// handReadyLocked hands out ordered heads that became ready again, and
+// returns their engine lease ids.
+func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline time.Duration) ([]*pubsubpb.ReceivedMessage, []string) {
 	if len(r.ready) == 0 {
-		return nil
+		return nil, nil
 	}
 	n := min(max, len(r.ready))
 	now := time.Now()
 	out := make([]*pubsubpb.ReceivedMessage, 0, n)
+	ids := make([]string, 0, n)
 	for _, l := range r.ready[:n] {
 		out = append(out, r.handOutLocked(e, l, f, deadline, now))
+		ids = append(ids, l.d.LeaseID)
 	}
 	r.ready = r.ready[n:]
-	return out
+	return out, ids
 }
 
 func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time.Duration, now time.Time) *pubsubpb.ReceivedMessage {
@@ -384,13 +397,18 @@ func (r *subRuntime) modack(ids []string, seconds int32) {
 		return
 	}
 	t := time.Now().Add(time.Duration(seconds) * time.Second)
+	held := make([]string, 0, len(ids))
 	r.mu.Lock()
 	for _, id := range ids {
 		if l := r.lookupLocked(id); l != nil {
 			r.setDeadlineLocked(l, t)
+			held = append(held, l.d.LeaseID)
 		}
 	}
 	r.mu.Unlock()
+	if len(held) > 0 {
+		r.h.Hold(t, held...)
+	}
 }
 
 // backoff is the retry policy's delay after a failed attempt: exponential
@@ -429,6 +447,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		delay time.Duration
 	}
 	var nacks []nack
+	var holds []nack // ordered heads waiting out a backoff in place
 	now := time.Now()
 	r.mu.Lock()
 	for _, l := range ls {
@@ -461,6 +480,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 			} else {
 				l.state = leaseBackoff
 				r.setDeadlineLocked(l, now.Add(delay))
+				holds = append(holds, nack{l.d.LeaseID, delay})
 			}
 			continue
 		}
@@ -470,6 +490,9 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 	r.mu.Unlock()
 	for _, n := range nacks {
 		r.h.Nack(n.id, n.delay)
+	}
+	for _, h := range holds {
+		r.h.Hold(now.Add(h.delay), h.id)
 	}
 	if len(dead) > 0 {
 		r.wg.Add(1)

@@ -237,7 +237,7 @@ func (p *publisher) DetachSubscription(ctx context.Context, req *pubsubpb.Detach
 		}
 	}
 	s.adminMu.Unlock()
-	if err := s.dropBacklog(ctx, sn.ID); err != nil {
+	if err := s.dropBacklog(ctx, e); err != nil {
 		return nil, toStatus(err)
 	}
 	return &pubsubpb.DetachSubscriptionResponse{}, nil

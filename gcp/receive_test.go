@@ -453,7 +453,7 @@ func TestStreamFlowControl(t *testing.T) {
 // TestStreamPeriodicClose: the server ends a stream with UNAVAILABLE after
 // its lifetime, and the Go client reconnects by itself.
 func TestStreamPeriodicClose(t *testing.T) {
-	e := startEnv(t, func(o *gcp.Options) { o.Config.StreamCloseAfter = time.Second })
+	e := startEnv(t, withGCP(func(o *gcp.Options) { o.Config.StreamCloseAfter = time.Second }))
 	ctx := ctxT(t, 60*time.Second)
 	tid, sid := e.id("t"), e.id("s")
 	e.createTopic(ctx, tid)

@@ -99,6 +99,9 @@ type Server struct {
 	rtClosed      bool
 
 	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
+	outageMu sync.Mutex     // guards outage
+	outage   chan struct{}  // closed (and replaced) when KubeMQ is reported unreachable
+	unwatch  func()         // removes the readiness hook
 	streams  sync.WaitGroup // StreamingPull receive loops
 	bg       sync.WaitGroup // runtime drops started by topology changes
 
@@ -121,6 +124,9 @@ type core struct {
 	be            backend
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
+	// watch registers a readiness hook on the KubeMQ client (nil: none);
+	// StreamingPull streams end with UNAVAILABLE when it reports down.
+	watch func(fn func(up bool)) (remove func())
 }
 
 func newServer(c core) (*Server, error) {
@@ -135,7 +141,18 @@ func newServer(c core) (*Server, error) {
 		c.ready = func() error { return nil }
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
-		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, stopping: make(chan struct{})}
+		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, stopping: make(chan struct{}),
+		outage: make(chan struct{})}
+	if c.watch != nil {
+		s.unwatch = c.watch(func(up bool) {
+			if !up {
+				s.outageMu.Lock()
+				close(s.outage)
+				s.outage = make(chan struct{})
+				s.outageMu.Unlock()
+			}
+		})
+	}
 	s.onDrop = s.dropRuntime
 	s.pubLimits = limits.Publish{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxRequestBytes: max(limits.DefaultMaxRequestBytes, s.cfg.MaxMessageBytes)}
 	s.cat = newCatalog(s.log)
@@ -161,6 +178,13 @@ func newServer(c core) (*Server, error) {
 	return s, nil
 }
 
+// outageChan is closed at the next report that KubeMQ is unreachable.
+func (s *Server) outageChan() <-chan struct{} {
+	s.outageMu.Lock()
+	defer s.outageMu.Unlock()
+	return s.outage
+}
+
 // Name is the front-end's name in logs and metrics.
 func (s *Server) Name() string { return "gcp" }
 
@@ -178,6 +202,9 @@ func (s *Server) Serve(lis net.Listener) error {
 // every lease back for redelivery.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		if s.unwatch != nil {
+			s.unwatch()
+		}
 		close(s.stopping)
 		done := make(chan struct{})
 		go func() {

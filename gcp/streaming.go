@@ -56,6 +56,7 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	outage := s.outageChan()
 	rt, err := s.runtime(ctx, e)
 	if err != nil {
 		return s.deliveryStatus(sn, err)
@@ -108,6 +109,10 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 		err = status.Error(codes.Unavailable, "The StreamingPull stream was closed by the server after its maximum lifetime; reconnect.")
 	case <-s.stopping:
 		err = status.Error(codes.Unavailable, "kubemq-proxy is shutting down.")
+	case <-outage:
+		// The leases are dropped (their records bring the messages back):
+		// the client reconnects once KubeMQ is back.
+		err = status.Error(codes.Unavailable, "KubeMQ is unreachable; reconnect later.")
 	}
 	cancel()
 	<-sendDone

@@ -48,11 +48,27 @@ func (s *Server) putSub(ctx context.Context, e *subEntry) error {
 
 // dropBacklog empties a subscription's queue and gives up its leases
 // (detach, delete).
-func (s *Server) dropBacklog(ctx context.Context, subID string) error {
+func (s *Server) dropBacklog(ctx context.Context, e *subEntry) error {
 	if s.onDrop != nil {
-		s.onDrop(subID)
+		s.onDrop(e.id)
 	}
-	return s.be.purge(ctx, subChannel(subID))
+	return s.be.purge(ctx, e.queue)
+}
+
+// newSubQueue picks the queue of a new subscription: the readable
+// "gcp.sub.{id}" unless KubeMQ already knows that queue (an earlier
+// subscription of the same id used it), then one named for this
+// incarnation.
+func (s *Server) newSubQueue(ctx context.Context, id, uid string) (string, error) {
+	q := subChannel(id)
+	known, err := s.be.queueKnown(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	if known {
+		return subIncarnationChannel(id, uid), nil
+	}
+	return q, nil
 }
 
 // checkSubscription validates everything but the name and fills in the
@@ -134,10 +150,7 @@ func (p *subscriber) CreateSubscription(ctx context.Context, req *pubsubpb.Subsc
 	}
 	sub.TopicMessageRetentionDuration = t.proto.GetMessageRetentionDuration()
 	e := &subEntry{id: sn.ID, uid: newUID(), topicID: tn.ID, topicUID: t.uid, proto: sub, match: match}
-	// A queue left over from an earlier subscription of the same id (a
-	// crash between delete and purge, or a native producer) must not leak
-	// into this one.
-	if err := s.be.purge(ctx, subChannel(sn.ID)); err != nil {
+	if e.queue, err = s.newSubQueue(ctx, sn.ID, e.uid); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := s.putSub(ctx, e); err != nil {
@@ -267,14 +280,16 @@ func (p *subscriber) DeleteSubscription(ctx context.Context, req *pubsubpb.Delet
 	s := p.s
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	if _, ok := s.cat.sub(sn.ID); !ok {
+	e, ok := s.cat.sub(sn.ID)
+	if !ok {
 		return nil, notFound(sn.ID)
 	}
 	if err := s.topo.Delete(ctx, kindSubscription, sn.ID); err != nil {
 		return nil, toStatus(err)
 	}
-	if err := s.dropBacklog(ctx, sn.ID); err != nil {
-		// The subscription is gone; CreateSubscription purges again.
+	if err := s.dropBacklog(ctx, e); err != nil {
+		// The subscription is gone, and a new one of the same id gets a
+		// queue of its own: what is left waits for KubeMQ's retention.
 		s.log.Warn("purging a deleted subscription's queue failed", zap.String("subscription", sn.ID), zap.Error(err))
 	}
 	return &emptypb.Empty{}, nil

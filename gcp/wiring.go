@@ -52,6 +52,7 @@ func New(o Options) (*Server, error) {
 		ready: o.Ready,
 		topo:  registryTopology{o.Registry},
 		be:    kubemqBackend{o.Client},
+		watch: o.Client.OnStateChange,
 
 		deliveries: o.Deliveries,
 	})

@@ -1,0 +1,164 @@
+package faults
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+)
+
+// env is one fault run's processes: the backend (an embedded-mode process
+// of our own, or the external KUBEMQ_ADDRESS server), the relay in front
+// of it, and the proxy pointed at the relay. The proxy keeps its first
+// ports across restarts, so clients reconnect to the same address.
+type env struct {
+	t        testing.TB
+	dir      string
+	suffix   string // makes names unique on a shared external server
+	external bool
+
+	backendDir string
+	backend    *proc
+	relay      *relay
+
+	regChannel string
+	proxy      *proc
+	proxies    []*proc // every proxy process started, for the problem check
+	backends   []*proc
+	gcpAddr    string
+	amqpAddr   string
+	httpAddr   string
+}
+
+func randSuffix() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	e := &env{t: t, dir: t.TempDir(), suffix: randSuffix(), external: kubemqtest.External()}
+	e.regChannel = "kubemq-proxy-faults-" + e.suffix
+	target := os.Getenv(kubemqtest.EnvAddress)
+	if !e.external {
+		e.backendDir = filepath.Join(e.dir, "backend-data")
+		if err := os.MkdirAll(e.backendDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e.startBackend()
+		target = e.backend.addr("embedded-kubemq")
+	}
+	r, err := newRelay(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.relay = r
+	t.Cleanup(e.close)
+	e.startProxy()
+	return e
+}
+
+// startBackend runs "kubemq-proxy embedded" on the run's data directory,
+// in strict mode as every test backend.
+func (e *env) startBackend() {
+	e.t.Helper()
+	p, err := startProc(e.t, "backend", e.dir, []string{"embedded-kubemq"},
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--embedded.strict", "--log.level", "info")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.backend = p
+	e.backends = append(e.backends, p)
+	if e.relay != nil {
+		e.relay.SetTarget(p.addr("embedded-kubemq"))
+	}
+}
+
+// startProxy runs the proxy on the run's ports (127.0.0.1:0 the first
+// time) and waits until /readyz answers 200.
+func (e *env) startProxy() {
+	e.t.Helper()
+	gcp, amqp, httpA := "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	if e.gcpAddr != "" {
+		gcp, amqp, httpA = e.gcpAddr, e.amqpAddr, e.httpAddr
+	}
+	args := []string{
+		"--gcp.listen", gcp, "--amqp.listen", amqp, "--amqp.tls_listen", "", "--http.listen", httpA,
+		"--kubemq.address", e.relay.Addr(), "--registry.channel", e.regChannel, "--log.level", "info",
+	}
+	var p *proc
+	var err error
+	// A restart rebinds the same ports; another process could have taken
+	// one in between (rare on loopback), so a bind failure is retried.
+	for attempt := 0; attempt < 5; attempt++ {
+		p, err = startProc(e.t, "proxy", e.dir, []string{"gcp", "amqp", "http"}, args...)
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.proxy = p
+	e.proxies = append(e.proxies, p)
+	e.gcpAddr, e.amqpAddr, e.httpAddr = p.addr("gcp"), p.addr("amqp"), p.addr("http")
+	if err := waitReady(e.httpAddr, 60*time.Second); err != nil {
+		e.t.Fatalf("proxy: %v: %s", err, tail(p.logPath, 30))
+	}
+}
+
+// checkProblems fails the test on a race report, panic or fatal error in
+// any process of the run.
+func (e *env) checkProblems() {
+	e.t.Helper()
+	for _, p := range append(append([]*proc(nil), e.proxies...), e.backends...) {
+		if pr := p.Problems(); len(pr) > 0 {
+			e.t.Errorf("%s (log %s) reported:\n%s", p.name, p.logPath, strings.Join(pr, "\n"))
+		}
+	}
+}
+
+// stop ends the proxy and backend gracefully and checks they exit 0.
+func (e *env) stop() {
+	e.t.Helper()
+	if e.proxy != nil && !e.proxy.exited() {
+		if err := e.proxy.terminate(30 * time.Second); err != nil {
+			e.t.Errorf("%v: %s", err, tail(e.proxy.logPath, 20))
+		}
+	}
+	if e.backend != nil && !e.backend.exited() {
+		if err := e.backend.terminate(30 * time.Second); err != nil {
+			e.t.Errorf("%v: %s", err, tail(e.backend.logPath, 20))
+		}
+	}
+	e.checkProblems()
+}
+
+func (e *env) close() {
+	if e.proxy != nil {
+		e.proxy.kill()
+	}
+	if e.relay != nil {
+		e.relay.Close()
+	}
+	if e.backend != nil {
+		e.backend.kill()
+	}
+	if e.t.Failed() {
+		for _, p := range append(append([]*proc(nil), e.proxies...), e.backends...) {
+			e.t.Logf("last lines of %s log (%s):%s", p.name, p.logPath, tail(p.logPath, 40))
+		}
+	}
+}
+
+func (e *env) String() string {
+	return fmt.Sprintf("proxy gcp=%s amqp=%s http=%s via relay %s", e.gcpAddr, e.amqpAddr, e.httpAddr, e.relay.Addr())
+}

@@ -1,0 +1,276 @@
+package faults
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// proxyBinary builds kubemq-proxy once per test binary, with the race
+// detector when the tests run with it, so a race inside the proxy under a
+// fault is reported (and fails the run, see proc.problems).
+func proxyBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kubemq-proxy-faults")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kubemq-proxy")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "github.com/kubemq-io/kubemq-proxy")
+		out, err := exec.Command("go", args...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// proc is one running kubemq-proxy process (proxy or embedded backend).
+// Its stderr goes to a log file; the "listening" lines give the bound
+// addresses; race reports and panics are collected as problems.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+
+	mu       sync.Mutex // guards addrs and problems
+	addrs    map[string]string
+	problems []string
+}
+
+// startProc runs the binary with args until every listener in want has
+// reported its address.
+func startProc(t testing.TB, name, logDir string, want []string, args ...string) (*proc, error) {
+	t.Helper()
+	cmd := exec.Command(proxyBinary(t), args...)
+	cmd.Dir = logDir // no ./config.yaml there
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(logDir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{}), addrs: map[string]string{}}
+	found := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		defer logf.Close()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		signalled := false
+		inRace := 0
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logf, line)
+			if strings.Contains(line, "WARNING: DATA RACE") || strings.HasPrefix(line, "panic:") || strings.HasPrefix(line, "fatal error:") {
+				inRace = 40
+			}
+			if inRace > 0 {
+				inRace--
+				p.mu.Lock()
+				p.problems = append(p.problems, line)
+				p.mu.Unlock()
+			}
+			var rec struct {
+				Msg      string `json:"msg"`
+				Listener string `json:"listener"`
+				Address  string `json:"address"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
+				p.mu.Lock()
+				p.addrs[rec.Listener] = rec.Address
+				ready := true
+				for _, l := range want {
+					ready = ready && p.addrs[l] != ""
+				}
+				p.mu.Unlock()
+				if ready && !signalled {
+					signalled = true
+					close(found)
+				}
+			}
+		}
+	}()
+	go func() { <-scanned; cmd.Wait(); close(p.done) }()
+	select {
+	case <-found:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("%s exited before listening: %s", name, tail(logPath, 20))
+	case <-time.After(60 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("%s did not report its listeners within 60s: %s", name, tail(logPath, 20))
+	}
+}
+
+func (p *proc) addr(listener string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addrs[listener]
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// terminate sends SIGTERM and waits up to d for a graceful exit.
+func (p *proc) terminate(d time.Duration) error {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+			return fmt.Errorf("%s: exit code %d after SIGTERM", p.name, code)
+		}
+		return nil
+	case <-time.After(d):
+		p.kill()
+		return fmt.Errorf("%s: no exit %v after SIGTERM", p.name, d)
+	}
+}
+
+// exited reports whether the process ended on its own.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Problems returns race reports, panics and fatal errors the process
+// printed.
+func (p *proc) Problems() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.problems...)
+}
+
+// tail returns the last n lines of a log file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "\n" + string(bytes.Join(lines, []byte("\n")))
+}
+
+// waitReady polls /readyz until 200 or the deadline.
+func waitReady(httpAddr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	hc := http.Client{Timeout: time.Second}
+	var last string
+	for {
+		resp, err := hc.Get("http://" + httpAddr + "/readyz")
+		if err == nil {
+			var buf bytes.Buffer
+			buf.ReadFrom(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = strings.TrimSpace(buf.String())
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("/readyz not 200 within %v (last: %s)", d, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// procStats is one /metrics sample of the proxy process.
+type procStats struct {
+	At         time.Time
+	Goroutines float64
+	RSS        float64 // bytes
+	FDs        float64
+}
+
+func (s procStats) String() string {
+	return fmt.Sprintf("goroutines=%.0f rss=%.1fMiB fds=%.0f", s.Goroutines, s.RSS/(1<<20), s.FDs)
+}
+
+// scrape reads the standard Go and process collectors from /metrics.
+func scrape(httpAddr string) (procStats, error) {
+	hc := http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return procStats{}, err
+	}
+	defer resp.Body.Close()
+	s := procStats{At: time.Now(), Goroutines: -1, RSS: -1, FDs: -1}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		var dst *float64
+		switch name {
+		case "go_goroutines":
+			dst = &s.Goroutines
+		case "process_resident_memory_bytes":
+			dst = &s.RSS
+		case "process_open_fds":
+			dst = &s.FDs
+		default:
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+			*dst = v
+		}
+	}
+	if s.Goroutines < 0 || s.RSS < 0 || s.FDs < 0 {
+		return s, fmt.Errorf("/metrics lacks go_goroutines, process_resident_memory_bytes or process_open_fds: %+v", s)
+	}
+	return s, sc.Err()
+}

@@ -1,0 +1,282 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// codeLog records the status of every failed gRPC call the Pub/Sub client
+// makes (each retry attempt passes through the interceptors), so a run can
+// assert what the client saw during a fault.
+type codeLog struct {
+	mu     sync.Mutex // guards events
+	events []codeEvent
+}
+
+type codeEvent struct {
+	At     time.Time
+	Method string
+	Code   codes.Code
+	Msg    string
+}
+
+func (l *codeLog) record(method string, err error) {
+	if err == nil || errors.Is(err, io.EOF) {
+		return
+	}
+	st, _ := status.FromError(err)
+	l.mu.Lock()
+	l.events = append(l.events, codeEvent{At: time.Now(), Method: method[strings.LastIndex(method, "/")+1:], Code: st.Code(), Msg: st.Message()})
+	l.mu.Unlock()
+}
+
+func (l *codeLog) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	l.record(method, err)
+	return err
+}
+
+func (l *codeLog) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		l.record(method, err)
+		return nil, err
+	}
+	return &observedStream{ClientStream: cs, log: l, method: method}, nil
+}
+
+type observedStream struct {
+	grpc.ClientStream
+	log    *codeLog
+	method string
+}
+
+func (s *observedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	s.log.record(s.method, err)
+	return err
+}
+
+// Between returns the events in [from, to].
+func (l *codeLog) Between(from, to time.Time) []codeEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []codeEvent
+	for _, e := range l.events {
+		if !e.At.Before(from) && !e.At.After(to) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// countCodes renders "Unavailable=12 Canceled=1" for the report.
+func countCodes(evs []codeEvent) (map[codes.Code]int, string) {
+	m := map[codes.Code]int{}
+	for _, e := range evs {
+		m[e.Code]++
+	}
+	var parts []string
+	for c, n := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", c, n))
+	}
+	sort.Strings(parts)
+	if len(parts) == 0 {
+		return m, "none"
+	}
+	return m, strings.Join(parts, " ")
+}
+
+// pubsubLoad is the Pub/Sub side of a run: one topic, one subscription
+// (ack deadline 10 s), a paced publisher that checks every result, and a
+// Receive loop that acks everything. All with the client's defaults.
+type pubsubLoad struct {
+	led     *ledger
+	codes   *codeLog
+	client  *pubsub.Client
+	project string
+	topicID string
+	subID   string
+	rate    int
+
+	pubCancel context.CancelFunc
+	pubDone   chan struct{}
+	subCancel context.CancelFunc
+	subDone   chan struct{}
+
+	mu          sync.Mutex // guards receiveErrs
+	receiveErrs []error    // Receive returned (a non-retryable error): the client did not recover
+}
+
+func newPubSubLoad(e *env, rate int) (*pubsubLoad, error) {
+	l := &pubsubLoad{led: newLedger("pubsub", "ps"+e.suffix), codes: &codeLog{}, project: "faults-" + e.suffix,
+		topicID: "faults-topic-" + e.suffix, subID: "faults-sub-" + e.suffix, rate: rate}
+	c, err := pubsub.NewClient(context.Background(), l.project,
+		option.WithEndpoint(e.gcpAddr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+		option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(l.codes.unary)),
+		option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(l.codes.stream)))
+	if err != nil {
+		return nil, err
+	}
+	l.client = c
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/" + l.project + "/topics/" + l.topicID})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("create topic: %w", err)
+	}
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: "projects/" + l.project + "/subscriptions/" + l.subID, Topic: topic.Name, AckDeadlineSeconds: 10,
+	}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("create subscription: %w", err)
+	}
+	return l, nil
+}
+
+// Start runs the publisher and the acking subscriber.
+func (l *pubsubLoad) Start() {
+	pctx, pcancel := context.WithCancel(context.Background())
+	sctx, scancel := context.WithCancel(context.Background())
+	l.pubCancel, l.subCancel = pcancel, scancel
+	l.pubDone, l.subDone = make(chan struct{}), make(chan struct{})
+	go l.publish(pctx)
+	go l.receive(sctx)
+}
+
+func (l *pubsubLoad) publish(ctx context.Context) {
+	defer close(l.pubDone)
+	pub := l.client.Publisher(l.topicID)
+	var results sync.WaitGroup
+	pace(ctx, l.rate, func() bool {
+		id, body := l.led.Next()
+		r := pub.Publish(context.Background(), &pubsub.Message{Data: body, Attributes: map[string]string{"id": id}})
+		results.Add(1)
+		go func() {
+			defer results.Done()
+			if _, err := r.Get(context.Background()); err != nil {
+				l.led.Failed(id, err)
+				return
+			}
+			l.led.Acked(id)
+		}()
+		return true
+	})
+	pub.Stop() // flushes; every result resolves (ack or the client's own timeout)
+	results.Wait()
+}
+
+func (l *pubsubLoad) receive(ctx context.Context) {
+	defer close(l.subDone)
+	sub := l.client.Subscriber(l.subID)
+	for ctx.Err() == nil {
+		err := sub.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+			l.led.Delivered(m.Data, false)
+			m.Ack()
+		})
+		if err != nil {
+			l.mu.Lock()
+			l.receiveErrs = append(l.receiveErrs, err)
+			l.mu.Unlock()
+		}
+		// An application would log and call Receive again.
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Stall starts a second subscriber on the subscription whose callback
+// blocks for hold without acking, with lease extension off (MaxExtension
+// < 0), so its messages outlive the 10 s ack deadline; then the callbacks
+// nack and the subscriber stops. It returns when the stall is over.
+func (l *pubsubLoad) Stall(hold time.Duration) error {
+	sub := l.client.Subscriber(l.subID)
+	sub.ReceiveSettings.MaxExtension = -1
+	sub.ReceiveSettings.MaxOutstandingMessages = 20
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	release := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- sub.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+			l.led.Held(m.Data)
+			<-release
+			m.Nack()
+		})
+	}()
+	select {
+	case <-time.After(hold):
+	case err := <-errc:
+		return fmt.Errorf("stalled subscriber's Receive ended early: %v", err)
+	}
+	l.led.Released()
+	close(release)
+	cancel()
+	return <-errc
+}
+
+// StopPublishing ends the publisher and waits for every result.
+func (l *pubsubLoad) StopPublishing() {
+	l.pubCancel()
+	<-l.pubDone
+}
+
+// Close stops the subscriber and the client.
+func (l *pubsubLoad) Close() {
+	if l.subCancel != nil {
+		l.subCancel()
+		<-l.subDone
+	}
+	l.client.Close()
+}
+
+func (l *pubsubLoad) ReceiveErrors() []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]error(nil), l.receiveErrs...)
+}
+
+// pace calls send rate times per second (in 10 ms ticks) until ctx ends
+// or send returns false.
+func pace(ctx context.Context, rate int, send func() bool) {
+	const tick = 10 * time.Millisecond
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	start := time.Now()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			due := int(now.Sub(start).Seconds() * float64(rate))
+			// After a stall (a blocked send) do not burst to catch up.
+			if due-n > rate/10+1 {
+				n = due - rate/10 - 1
+			}
+			for ; n < due; n++ {
+				if ctx.Err() != nil || !send() {
+					return
+				}
+			}
+		}
+	}
+}

@@ -129,17 +129,17 @@ func truncate(s string, n int) string {
 
 // summary is the ledger's verdict for the report.
 type summary struct {
-	Proto                 string
-	Sent, Acked, Failed   int
-	Pending               int // publishes not resolved yet
-	Delivered             int // unique ids delivered (acked or not)
-	Lost                  int // acked, never delivered
-	Duplicated            int // deliveries beyond the first
-	Held                  int // delivered to the stalled consumer
-	HeldRedelivered       int // of those, delivered to a healthy consumer
-	HeldRedeliveredEarly  int // ... while the stalled consumer still held them
-	HeldFlagged           int // ... with the redelivered flag set (AMQP)
-	Unknown, Corrupt      int
+	Proto                  string
+	Sent, Acked, Failed    int
+	Pending                int // publishes not resolved yet
+	Delivered              int // unique ids delivered (acked or not)
+	Lost                   int // acked, never delivered
+	Duplicated             int // deliveries beyond the first
+	Held                   int // delivered to the stalled consumer
+	HeldRedelivered        int // of those, delivered to a healthy consumer
+	HeldRedeliveredEarly   int // ... while the stalled consumer still held them
+	HeldFlagged            int // ... with the redelivered flag set (AMQP)
+	Unknown, Corrupt       int
 	LostIDs, UnknownBodies []string
 }
 

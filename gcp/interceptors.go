@@ -51,21 +51,26 @@ func logLevel(c codes.Code) func(*zap.Logger, string, ...zap.Field) {
 	}
 }
 
-func logUnary(log *zap.Logger) grpc.UnaryServerInterceptor {
+// logUnary and logStream also count every finished RPC by method and code.
+func logUnary(log *zap.Logger, m *metrics) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := h(ctx, req)
 		c := status.Code(err)
+		m.rpc(info.FullMethod, c)
 		logLevel(c)(log, "rpc", zap.String("method", info.FullMethod), zap.Stringer("code", c), zap.Duration("took", time.Since(start)), zap.Error(err))
 		return resp, err
 	}
 }
 
-func logStream(log *zap.Logger) grpc.StreamServerInterceptor {
+func logStream(log *zap.Logger, m *metrics) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		start := time.Now()
 		log.Debug("stream open", zap.String("method", info.FullMethod))
+		m.streams.Inc()
 		err := h(srv, ss)
+		m.streams.Dec()
+		m.rpc(info.FullMethod, status.Code(err))
 		c := status.Code(err)
 		if c == codes.Canceled {
 			c = codes.OK // the client went away: the normal end of a stream

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -115,6 +116,9 @@ type subRuntime struct {
 	h     *delivery.Handle
 	start time.Time
 
+	// Metrics of this subscription (its label is bounded by metrics.sub).
+	delivered, deliveredBytes, acked, nacked, expired prometheus.Counter
+
 	mu      sync.Mutex // guards everything below
 	leases  map[string]*lease
 	heap    leaseHeap
@@ -131,8 +135,14 @@ type subRuntime struct {
 }
 
 func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
+	label := s.m.sub(e.id)
 	r := &subRuntime{
 		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(),
+		delivered:      s.m.delivered.WithLabelValues(label),
+		deliveredBytes: s.m.deliveredBytes.WithLabelValues(label),
+		acked:          s.m.acked.WithLabelValues(label),
+		nacked:         s.m.nacked.WithLabelValues(label),
+		expired:        s.m.expired.WithLabelValues(label),
 		leases:  map[string]*lease{},
 		keys:    map[string]*keyState{},
 		changed: make(chan struct{}),
@@ -286,6 +296,8 @@ func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline tim
 }
 
 func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time.Duration, now time.Time) *pubsubpb.ReceivedMessage {
+	r.delivered.Inc()
+	r.deliveredBytes.Add(float64(l.bytes))
 	l.gen++
 	l.state = leaseOut
 	l.flow = f
@@ -379,6 +391,7 @@ func (r *subRuntime) ack(ids []string) {
 	r.mu.Unlock()
 	if len(settled) > 0 {
 		r.h.Ack(settled...)
+		r.acked.Add(float64(len(settled)))
 	}
 }
 
@@ -393,6 +406,7 @@ func (r *subRuntime) modack(ids []string, seconds int32) {
 			}
 		}
 		r.mu.Unlock()
+		r.nacked.Add(float64(len(failed)))
 		r.fail(failed, false)
 		return
 	}
@@ -601,7 +615,10 @@ func (r *subRuntime) sweep() {
 		r.mu.Unlock()
 		// Expired leases were popped; fail wants them out, so they go
 		// through it with a fresh look under the lock.
-		r.fail(expired, true)
+		if len(expired) > 0 {
+			r.expired.Add(float64(len(expired)))
+			r.fail(expired, true)
+		}
 		timer.Reset(next)
 		select {
 		case <-r.done:

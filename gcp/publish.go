@@ -39,7 +39,22 @@ func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	label := s.m.topic(tn.ID)
+	s.m.published.WithLabelValues(label).Add(float64(len(ids)))
+	s.m.publishedBytes.WithLabelValues(label).Add(float64(messagesBytes(req.GetMessages())))
 	return &pubsubpb.PublishResponse{MessageIds: ids}, nil
+}
+
+// messagesBytes is the data and attribute size of msgs (for metrics).
+func messagesBytes(msgs []*pubsubpb.PubsubMessage) int {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.GetData())
+		for k, v := range m.GetAttributes() {
+			n += len(k) + len(v)
+		}
+	}
+	return n
 }
 
 // checkReservedAttributes refuses attributes named like the reserved tags:

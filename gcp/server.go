@@ -12,10 +12,12 @@ package gcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
@@ -86,6 +88,7 @@ type Server struct {
 	cat   *catalog
 	grpc  *grpc.Server
 	ids   *idGen
+	m     *metrics
 
 	pubLimits limits.Publish
 	// onDrop tells the delivery side that a subscription's backlog and
@@ -126,7 +129,8 @@ type core struct {
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
 	// watch registers a readiness hook on the KubeMQ client (nil: none);
 	// StreamingPull streams end with UNAVAILABLE when it reports down.
-	watch func(fn func(up bool)) (remove func())
+	watch   func(fn func(up bool)) (remove func())
+	metrics prometheus.Registerer // nil: not exported
 }
 
 func newServer(c core) (*Server, error) {
@@ -142,7 +146,12 @@ func newServer(c core) (*Server, error) {
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
 		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, stopping: make(chan struct{}),
-		outage: make(chan struct{})}
+		outage: make(chan struct{}), m: newMetrics()}
+	if c.metrics != nil {
+		if err := s.m.register(c.metrics, s); err != nil {
+			return nil, fmt.Errorf("gcp: register metrics: %w", err)
+		}
+	}
 	if c.watch != nil {
 		s.unwatch = c.watch(func(up bool) {
 			if !up {
@@ -168,8 +177,8 @@ func newServer(c core) (*Server, error) {
 	s.stopWatch = s.cat.follow(s.topo)
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log), gateUnary(s.ready)),
-		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log), gateStream(s.ready)),
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready)),
+		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log, s.m), gateStream(s.ready)),
 	)
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})

@@ -54,6 +54,8 @@ func New(o Options) (*Server, error) {
 		be:    kubemqBackend{o.Client},
 		watch: o.Client.OnStateChange,
 
+		metrics:    o.Metrics,
+
 		deliveries: o.Deliveries,
 	})
 	if err != nil {

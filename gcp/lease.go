@@ -143,11 +143,11 @@ func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 		acked:          s.m.acked.WithLabelValues(label),
 		nacked:         s.m.nacked.WithLabelValues(label),
 		expired:        s.m.expired.WithLabelValues(label),
-		leases:  map[string]*lease{},
-		keys:    map[string]*keyState{},
-		changed: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
+		leases:         map[string]*lease{},
+		keys:           map[string]*keyState{},
+		changed:        make(chan struct{}),
+		wake:           make(chan struct{}, 1),
+		done:           make(chan struct{}),
 	}
 	r.wg.Add(1)
 	go r.sweep()

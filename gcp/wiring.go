@@ -54,7 +54,7 @@ func New(o Options) (*Server, error) {
 		be:    kubemqBackend{o.Client},
 		watch: o.Client.OnStateChange,
 
-		metrics:    o.Metrics,
+		metrics: o.Metrics,
 
 		deliveries: o.Deliveries,
 	})

@@ -1,0 +1,187 @@
+// Package examples runs every example program in this directory against a
+// freshly started proxy, so that the examples stay correct.
+package examples
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
+)
+
+// startProxy builds the proxy (with -race) and runs it with the embedded
+// backend and every listener on 127.0.0.1:0; it returns the bound
+// addresses by listener name once /readyz answers 200.
+func startProxy(t *testing.T) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kubemq-proxy")
+	build := exec.Command("go", "build", "-race", "-o", bin, ".")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
+		"--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict")
+	cmd.Dir = dir
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	addrs := map[string]string{}
+	var mu sync.Mutex
+	found := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		signalled := false
+		for sc.Scan() {
+			var rec struct{ Msg, Listener, Address string }
+			if json.Unmarshal(sc.Bytes(), &rec) != nil || rec.Msg != "listening" {
+				continue
+			}
+			mu.Lock()
+			addrs[rec.Listener] = rec.Address
+			all := addrs["http"] != "" && addrs["gcp"] != "" && addrs["amqp"] != ""
+			mu.Unlock()
+			if all && !signalled {
+				signalled = true
+				close(found)
+			}
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	select {
+	case <-found:
+	case <-done:
+		t.Fatal("proxy exited before listening")
+	case <-time.After(60 * time.Second):
+		t.Fatal("proxy did not report its listeners")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addrs["http"] + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz not 200 within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return map[string]string{"gcp": addrs["gcp"], "amqp": addrs["amqp"]}
+}
+
+// example is one program: how to run it and what it must print.
+type example struct {
+	name string
+	dir  string   // working directory, relative to examples/
+	cmd  []string // argv; cmd[0] is resolved by need
+	want string   // a line the program prints after receiving
+	need func(t *testing.T) string
+}
+
+func TestExamples(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the proxy and every example")
+	}
+	addrs := startProxy(t)
+	env := append(os.Environ(),
+		"PUBSUB_EMULATOR_HOST="+addrs["gcp"],
+		"PUBSUB_PROJECT_ID=examples",
+		"AMQP_URL=amqp://guest:guest@"+addrs["amqp"]+"/",
+		// Keeps the Node client from probing for a GCE metadata server.
+		"METADATA_SERVER_DETECTION=none",
+	)
+	goBin := func(pkg string) func(t *testing.T) string {
+		return func(t *testing.T) string {
+			bin := filepath.Join(t.TempDir(), "example")
+			build := exec.Command("go", "build", "-o", bin, "./"+pkg)
+			if out, err := build.CombinedOutput(); err != nil {
+				t.Fatalf("go build ./%s: %v\n%s", pkg, err, out)
+			}
+			return bin
+		}
+	}
+	node := func(t *testing.T) string {
+		bin, err := exec.LookPath("node")
+		if err != nil {
+			testenv.Missing(t, "node is not installed")
+		}
+		if _, err := os.Stat("node/node_modules/amqplib"); err != nil {
+			testenv.Missing(t, "examples/node has no node_modules: run npm ci in examples/node")
+		}
+		return bin
+	}
+	// Debian's python3 carries python3-pika; a python3 first on PATH (pyenv)
+	// usually does not.
+	python := func(t *testing.T) string {
+		const py = "/usr/bin/python3"
+		if err := exec.Command(py, "-c", "import pika").Run(); err != nil {
+			testenv.Missing(t, "%s cannot import pika (apt-get install python3-pika)", py)
+		}
+		return py
+	}
+	for _, ex := range []example{
+		{name: "go/pubsub", dir: ".", want: "received hello from Go Pub/Sub", need: goBin("go/pubsub")},
+		{name: "go/amqp", dir: ".", want: "received hello from Go AMQP", need: goBin("go/amqp")},
+		{name: "node/pubsub", dir: "node", cmd: []string{"pubsub.mjs"}, want: "received hello from Node Pub/Sub", need: node},
+		{name: "node/amqp", dir: "node", cmd: []string{"amqp.mjs"}, want: "received hello from Node AMQP", need: node},
+		{name: "python/amqp", dir: "python", cmd: []string{"amqp_pika.py"}, want: "received hello from Python AMQP", need: python},
+	} {
+		t.Run(ex.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, ex.need(t), ex.cmd...)
+			cmd.Dir = ex.dir
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			t.Logf("%s:\n%s", ex.name, out)
+			if err != nil {
+				t.Fatalf("%s: %v", ex.name, err)
+			}
+			if !hasLine(string(out), ex.want) {
+				t.Fatalf("%s did not print %q", ex.name, ex.want)
+			}
+		})
+	}
+}
+
+func hasLine(out, want string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.TrimSpace(l) == want {
+			return true
+		}
+	}
+	return false
+}

@@ -472,3 +472,67 @@ func TestMessageTTL(t *testing.T) {
 		}
 	})
 }
+
+// A prefetch-1 consumer that is its queue's only consumer fetches ahead;
+// what it held but never delivered goes back uncounted: not redelivered,
+// and a consumer that joins gets its share at once.
+func TestReadAheadIsInvisible(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		ch := e.channel(conn)
+		if _, err := ch.QueueDeclare("ra", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "ra", "1", "2", "3", "4", "5", "6")
+		a := e.channel(conn)
+		if err := a.Qos(1, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		am, err := a.Consume("ra", "a", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := mustRecv(t, am, "first delivery")
+		// A second consumer, while a holds its one unacked delivery: it
+		// must get messages without a acking.
+		b := e.channel(conn)
+		if err := b.Qos(1, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		bm, err := b.Consume("ra", "b", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := mustRecv(t, bm, "delivery to the second consumer")
+		if d.Redelivered {
+			t.Errorf("%s marked redelivered", d.Body)
+		}
+		d.Ack(false)
+		first.Ack(false)
+		// Stop both; everything left is still undelivered.
+		if err := a.Cancel("a", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Cancel("b", false); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			d, ok, err := ch.Get("ra", false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				break
+			}
+			// What a and b had in flight when cancelled stays unacked with
+			// their channels; everything else was never delivered.
+			if d.Redelivered {
+				t.Errorf("%s marked redelivered though never delivered", d.Body)
+			}
+			d.Ack(false)
+		}
+	})
+}

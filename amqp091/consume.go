@@ -21,6 +21,13 @@ const (
 	getWait = 3 * time.Second
 	// replyToQueue is RabbitMQ's direct reply-to pseudo queue.
 	replyToQueue = "amq.rabbitmq.reply-to"
+	// readAhead is how many leases a consumer with a small prefetch window
+	// fetches at once while it is its queue's only consumer here: the extra
+	// ones wait in pending (still queued as far as the client can tell) so
+	// a prefetch-1 consumer does not pay a lease-engine round trip per
+	// message. They go back to the front of the queue, uncounted, when
+	// another consumer appears or this one stops.
+	readAhead = 32
 )
 
 // consumer is one basic.consume. Its goroutine fetches leases from the
@@ -77,12 +84,21 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 		vh.mu.Unlock()
 		return wire.AccessRefused("%s in exclusive use", rsQueue(q.name, c.vhostName))
 	}
+	others := make([]*consumer, 0, len(q.consumers))
+	for o := range q.consumers {
+		others = append(others, o)
+	}
 	q.consumers[cs] = struct{}{}
 	q.hadConsumer = true
 	if m.Exclusive {
 		q.exclusiveConsumer = true
 	}
 	vh.mu.Unlock()
+	// A consumer reading ahead gives its held deliveries back now that it
+	// has company.
+	for _, o := range others {
+		o.wake()
+	}
 	ch.consumers[tag] = cs
 	if !m.NoWait {
 		ch.send(&wire.BasicConsumeOk{ConsumerTag: tag})
@@ -129,13 +145,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	pending := cs.pending
 	cs.pending = nil
 	ch.dmu.Unlock()
-	if len(pending) > 0 {
-		ids := make([]string, len(pending))
-		for i, d := range pending {
-			ids[i] = d.LeaseID
-		}
-		cs.h.Release(ids...)
-	}
+	cs.giveBack(pending)
 	q := cs.q
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)
@@ -159,7 +169,11 @@ func (cs *consumer) run() {
 		if cs.deliverPending(n) {
 			continue
 		}
-		ds, err := cs.h.Fetch(cs.ctx, n)
+		want := n
+		if cs.mayReadAhead() {
+			want = max(n, readAhead)
+		}
+		ds, err := cs.h.Fetch(cs.ctx, want)
 		if err != nil {
 			if cs.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
 				cs.giveBack(ds)
@@ -173,15 +187,32 @@ func (cs *consumer) run() {
 	}
 }
 
+// giveBack returns deliveries the client never saw to the front of the
+// queue; the attempt does not count, so they are not "redelivered".
 func (cs *consumer) giveBack(ds []*delivery.Delivery) {
-	if len(ds) == 0 {
-		return
+	if len(ds) > 0 {
+		cs.h.Unfetch(ds...)
 	}
-	ids := make([]string, len(ds))
-	for i, d := range ds {
-		ids[i] = d.LeaseID
+}
+
+func (cs *consumer) wake() {
+	select {
+	case cs.kick <- struct{}{}:
+	default:
 	}
-	cs.h.Release(ids...)
+}
+
+// mayReadAhead reports whether cs may fetch beyond its credit: it has a
+// window (no-ack consumers fetch in bulk anyway) and no other consumer of
+// its queue in this process would be starved by it.
+func (cs *consumer) mayReadAhead() bool {
+	if cs.noAck {
+		return false
+	}
+	cs.q.vh.mu.Lock()
+	alone := len(cs.q.consumers) == 1
+	cs.q.vh.mu.Unlock()
+	return alone
 }
 
 // creditLocked is how many more deliveries cs may have in flight.
@@ -210,9 +241,17 @@ func (cs *consumer) waitCredit() int {
 		n := cs.creditLocked()
 		low := cs.lowWaterLocked()
 		out := cs.outstanding
+		held := len(cs.pending)
 		cs.ch.dmu.Unlock()
-		if n > 0 && (n >= low || out == 0) {
+		if n > 0 && (n >= low || out == 0 || held > 0) {
 			return n
+		}
+		if held > 0 && !cs.mayReadAhead() {
+			cs.ch.dmu.Lock()
+			back := cs.pending
+			cs.pending = nil
+			cs.ch.dmu.Unlock()
+			cs.giveBack(back)
 		}
 		select {
 		case <-cs.kick:
@@ -237,9 +276,19 @@ func (cs *consumer) lowWaterLocked() int {
 // deliverPending delivers held-back deliveries first; it reports whether
 // there were any.
 func (cs *consumer) deliverPending(n int) bool {
+	alone := cs.mayReadAhead()
 	cs.ch.dmu.Lock()
 	if len(cs.pending) == 0 {
 		cs.ch.dmu.Unlock()
+		return false
+	}
+	if !cs.noAck && cs.ch.globalPrefetch == 0 && !alone {
+		// Read ahead while alone; now the queue has other consumers here,
+		// give the held ones back so they get their share.
+		back := cs.pending
+		cs.pending = nil
+		cs.ch.dmu.Unlock()
+		cs.giveBack(back)
 		return false
 	}
 	k := min(n, len(cs.pending))
@@ -543,10 +592,7 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 
 func (ch *channel) kickConsumers() {
 	for _, cs := range ch.consumers {
-		select {
-		case cs.kick <- struct{}{}:
-		default:
-		}
+		cs.wake()
 	}
 }
 

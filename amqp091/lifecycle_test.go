@@ -12,13 +12,16 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	streadway "github.com/streadway/amqp"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
@@ -364,5 +367,48 @@ func TestCrashedProxyLosesNothing(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("after the crash got only %v", got)
 		}
+	}
+}
+
+// After Shutdown no goroutine of the front-end is left (connections,
+// channels, consumers, writers, publisher lanes, watchers).
+func TestShutdownLeavesNoGoroutines(t *testing.T) {
+	e := newEnv(t)
+	conn := e.dial()
+	ch := e.channel(conn)
+	if _, err := ch.QueueDeclare("leak.q", false, false, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "leak.q", "a", "b")
+	msgs, err := ch.Consume("leak.q", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRecv(t, msgs, "delivery")
+	e.channel(conn) // an idle second channel
+	p := e.rawDial()
+	p.raw(wire.ProtocolHeader[:]) // one connection stuck in its handshake
+	p.recv()
+	e.stopFn()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		var left []string
+		for _, g := range strings.Split(stacks, "\n\n") {
+			if strings.Contains(g, "kubemq-proxy/amqp091.") && !strings.Contains(g, "_test.go") {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after Shutdown:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -536,3 +536,33 @@ func TestReadAheadIsInvisible(t *testing.T) {
 		}
 	})
 }
+
+// basic.get sees messages a consumer of the same queue has not been given
+// yet (in the proxy: ones it read ahead).
+func TestGetBesideAConsumer(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		ch := e.channel(conn)
+		if _, err := ch.QueueDeclare("gbc", false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		publishConfirmed(t, ch, "", "gbc", "1", "2", "3")
+		cch := e.channel(conn)
+		if err := cch.Qos(1, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := cch.Consume("gbc", "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRecv(t, msgs, "delivery") // held unacked: the consumer gets no more
+		d, ok, err := ch.Get("gbc", false)
+		if err != nil || !ok || d.Redelivered {
+			t.Fatalf("get beside a consumer: ok=%v err=%v redelivered=%v", ok, err, d.Redelivered)
+		}
+		d.Ack(false)
+	})
+}

@@ -212,7 +212,34 @@ func (cs *consumer) mayReadAhead() bool {
 	cs.q.vh.mu.Lock()
 	alone := len(cs.q.consumers) == 1
 	cs.q.vh.mu.Unlock()
-	return alone
+	return alone && cs.q.getters.Load() == 0
+}
+
+// reclaimReadAhead makes the consumers of q in this process give back what
+// they read ahead, for a basic.get that found the queue empty; it reports
+// whether any held something, and waits briefly for it to be back.
+func (q *queue) reclaimReadAhead(h *delivery.Handle) bool {
+	q.vh.mu.Lock()
+	cs := make([]*consumer, 0, len(q.consumers))
+	for c := range q.consumers {
+		cs = append(cs, c)
+	}
+	q.vh.mu.Unlock()
+	held := false
+	for _, c := range cs {
+		c.ch.dmu.Lock()
+		held = held || len(c.pending) > 0
+		c.ch.dmu.Unlock()
+		c.wake()
+	}
+	if !held {
+		return false
+	}
+	deadline := time.Now().Add(time.Second)
+	for h.Consumer().Stats().Buffered == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	return true
 }
 
 // creditLocked is how many more deliveries cs may have in flight.
@@ -380,8 +407,12 @@ func (ch *channel) get(m *wire.BasicGet) error {
 			st = h.Consumer().Stats()
 		}
 		if waiting == 0 && st.Buffered == 0 {
-			ch.send(&wire.BasicGetEmpty{})
-			return nil
+			q.getters.Add(1)
+			defer q.getters.Add(-1)
+			if !q.reclaimReadAhead(h) {
+				ch.send(&wire.BasicGetEmpty{})
+				return nil
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, getWait)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -233,6 +234,10 @@ type queue struct {
 	args       wire.Table
 	owner      *conn         // exclusive owner, nil for shared queues
 	ttl        time.Duration // x-message-ttl, 0 = none
+
+	// getters counts basic.get calls waiting on this queue: consumers do
+	// not read ahead meanwhile (they would hide messages from them).
+	getters atomic.Int32
 
 	// Guarded by vh.mu.
 	consumers         map[*consumer]struct{}

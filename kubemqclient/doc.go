@@ -46,4 +46,11 @@
 // SubscribeEventsStore with a fresh ClientID honours its start position; a
 // reused ClientID resumes that durable cursor instead. AutoResume
 // re-subscribes after outages at the last received sequence + 1.
+//
+// # Auth token
+//
+// Options.AuthToken is sent as "authorization" metadata on every call.
+// WithToken(ctx, token) overrides it for the calls and streams made with
+// that context (the AMQP front-end passes a connection's password through
+// this way); PublishEvents' shared streams always carry Options.AuthToken.
 package kubemqclient

@@ -42,9 +42,31 @@ func randSuffix() string {
 	return hex.EncodeToString(b)
 }
 
+// logLevel is the processes' log level: FAULTS_LOG_LEVEL, default info.
+func logLevel() string {
+	if v := os.Getenv("FAULTS_LOG_LEVEL"); v != "" {
+		return v
+	}
+	return "info"
+}
+
+// runDir holds a run's data and process logs: under FAULTS_LOGS when set
+// (kept for inspection), else a test temporary directory.
+func runDir(t testing.TB) string {
+	base := os.Getenv("FAULTS_LOGS")
+	if base == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(base, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+"-"+time.Now().Format("150405"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), suffix: randSuffix(), external: kubemqtest.External()}
+	e := &env{t: t, dir: runDir(t), suffix: randSuffix(), external: kubemqtest.External()}
 	e.regChannel = "kubemq-proxy-faults-" + e.suffix
 	target := os.Getenv(kubemqtest.EnvAddress)
 	if !e.external {
@@ -70,7 +92,7 @@ func newEnv(t testing.TB) *env {
 func (e *env) startBackend() {
 	e.t.Helper()
 	p, err := startProc(e.t, "backend", e.dir, []string{"embedded-kubemq"},
-		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--embedded.strict", "--log.level", "info")
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--embedded.strict", "--log.level", logLevel())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -91,7 +113,7 @@ func (e *env) startProxy() {
 	}
 	args := []string{
 		"--gcp.listen", gcp, "--amqp.listen", amqp, "--amqp.tls_listen", "", "--http.listen", httpA,
-		"--kubemq.address", e.relay.Addr(), "--registry.channel", e.regChannel, "--log.level", "info",
+		"--kubemq.address", e.relay.Addr(), "--registry.channel", e.regChannel, "--log.level", logLevel(),
 	}
 	var p *proc
 	var err error

@@ -19,7 +19,8 @@ import (
 // acked it; a delivery to the stalled consumer is "held", not delivered.
 type ledger struct {
 	proto  string
-	prefix string // id prefix of this run's messages
+	prefix string                 // id prefix of this run's messages
+	trace  func(id string) string // the client-side history of a message, if known
 
 	mu        sync.Mutex // guards everything below
 	seq       int
@@ -104,6 +105,19 @@ func (l *ledger) Held(body []byte) {
 	id, ours, intact := l.parse(body)
 	if !ours || !intact {
 		l.Delivered(body, false) // accounted (and failed) the same way
+		return
+	}
+	l.mu.Lock()
+	if _, ok := l.held[id]; !ok {
+		l.held[id] = time.Now()
+	}
+	l.mu.Unlock()
+}
+
+// HeldID records that the stalled consumer's client received message id
+// (Pub/Sub: also the ones its flow control keeps from the callback).
+func (l *ledger) HeldID(id string) {
+	if !strings.HasPrefix(id, l.prefix+"-") {
 		return
 	}
 	l.mu.Lock()
@@ -222,6 +236,9 @@ func (l *ledger) LostDetail(n int) string {
 			held = " held-by-stalled-consumer=" + at.Format("15:04:05.000")
 		}
 		fmt.Fprintf(&b, "  %s sent=%s acked=%s%s\n", id, l.sent[id].Format("15:04:05.000"), l.acked[id].Format("15:04:05.000"), held)
+		if l.trace != nil && i < 5 {
+			b.WriteString(l.trace(id) + "\n")
+		}
 	}
 	return b.String()
 }
@@ -239,6 +256,9 @@ func (l *ledger) waitSettled(ctx context.Context, logf func(string, ...any)) err
 			return nil
 		}
 		if time.Since(lastLog) > 5*time.Second {
+			if l.trace != nil && len(s.LostIDs) > 0 && time.Since(start) > 15*time.Second && lastLog.Sub(start) <= 15*time.Second {
+				logf("%s: history of %s:\n%s", l.proto, s.LostIDs[0], l.trace(s.LostIDs[0]))
+			}
 			lastLog = time.Now()
 			logf("%s settling for %v: %d publishes unresolved, %d acknowledged undelivered (first: %v), %d held not back",
 				l.proto, time.Since(start).Round(time.Second), s.Pending, s.Lost, s.LostIDs[:min(3, len(s.LostIDs))], s.Held-s.HeldRedelivered)
@@ -296,6 +316,32 @@ func TestLedgerAccounting(t *testing.T) {
 	if err := l.waitSettled(ctx, t.Logf); err == nil {
 		t.Fatal("settled with a lost message")
 	}
+}
+
+// HeldOverdue checks redelivery while the stalled consumer still held its
+// messages: of those held at least within before it let go ("due"), late
+// counts the ones no healthy consumer got within that time of the hold.
+func (l *ledger) HeldOverdue(within time.Duration) (due int, late []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, heldAt := range l.held {
+		if l.heldEnd.IsZero() || heldAt.Add(within).After(l.heldEnd) {
+			continue
+		}
+		due++
+		inTime := false
+		for _, at := range l.delivered[id] {
+			if at.After(heldAt) && !at.After(heldAt.Add(within)) {
+				inTime = true
+				break
+			}
+		}
+		if !inTime {
+			late = append(late, id)
+		}
+	}
+	sort.Strings(late)
+	return due, late
 }
 
 // HeldDetail lists each held message: when it was held and when a healthy

@@ -19,10 +19,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// codeLog records the status of every failed gRPC call the Pub/Sub client
+// codeLog records the status of every failed gRPC call a Pub/Sub client
 // makes (each retry attempt passes through the interceptors), so a run can
-// assert what the client saw during a fault.
+// assert what the client saw during a fault. It also feeds the wire trace.
 type codeLog struct {
+	tag   string // which client: "main" or "stalled"
+	trace *wireTrace
+
 	mu     sync.Mutex // guards events
 	events []codeEvent
 }
@@ -47,6 +50,12 @@ func (l *codeLog) record(method string, err error) {
 func (l *codeLog) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	l.record(method, err)
+	switch r := req.(type) {
+	case *pubsubpb.AcknowledgeRequest:
+		l.trace.settled(l.tag, "ack", r.GetAckIds(), err)
+	case *pubsubpb.ModifyAckDeadlineRequest:
+		l.trace.settled(l.tag, fmt.Sprintf("modack %ds", r.GetAckDeadlineSeconds()), r.GetAckIds(), err)
+	}
 	return err
 }
 
@@ -68,7 +77,81 @@ type observedStream struct {
 func (s *observedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	s.log.record(s.method, err)
+	if r, ok := m.(*pubsubpb.StreamingPullResponse); ok && err == nil {
+		s.log.trace.received(s.log.tag, r.GetReceivedMessages())
+	}
 	return err
+}
+
+func (s *observedStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if r, ok := m.(*pubsubpb.StreamingPullRequest); ok {
+		s.log.trace.settled(s.log.tag, "stream ack", r.GetAckIds(), err)
+		ids, secs := r.GetModifyDeadlineAckIds(), r.GetModifyDeadlineSeconds()
+		for i := range ids {
+			if i < len(secs) {
+				s.log.trace.settled(s.log.tag, fmt.Sprintf("stream modack %ds", secs[i]), ids[i:i+1], err)
+			}
+		}
+	}
+	return err
+}
+
+// wireTrace is what the Pub/Sub clients sent and received per message, by
+// ledger id, so a lost or late message's history can be reported.
+type wireTrace struct {
+	onStalled func(id string) // a message reached the stalled client
+
+	mu     sync.Mutex // guards the maps
+	start  time.Time
+	events map[string][]string // ledger id -> timeline
+	ackIDs map[string]string   // ack id -> ledger id
+}
+
+func newWireTrace() *wireTrace {
+	return &wireTrace{start: time.Now(), events: map[string][]string{}, ackIDs: map[string]string{}}
+}
+
+func (w *wireTrace) received(tag string, ms []*pubsubpb.ReceivedMessage) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at := time.Since(w.start).Round(time.Millisecond)
+	for _, m := range ms {
+		id := m.GetMessage().GetAttributes()["id"]
+		if tag == "stalled" && w.onStalled != nil {
+			w.onStalled(id)
+		}
+		w.ackIDs[m.GetAckId()] = id
+		w.events[id] = append(w.events[id], fmt.Sprintf("%v received by %s client (message_id %s, ack id %s)", at, tag, m.GetMessage().GetMessageId(), m.GetAckId()))
+	}
+}
+
+func (w *wireTrace) settled(tag, what string, ackIDs []string, err error) {
+	if len(ackIDs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at := time.Since(w.start).Round(time.Millisecond)
+	res := "OK"
+	if err != nil {
+		res = status.Code(err).String()
+	}
+	for _, a := range ackIDs {
+		if id, ok := w.ackIDs[a]; ok {
+			w.events[id] = append(w.events[id], fmt.Sprintf("%v %s sent by %s client for ack id %s: %s", at, what, tag, a, res))
+		}
+	}
+}
+
+// Trace is the timeline of one message (times since the run's start).
+func (w *wireTrace) Trace(id string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.events[id]) == 0 {
+		return "    (never received by a client)"
+	}
+	return "    " + strings.Join(w.events[id], "\n    ")
 }
 
 // Between returns the events in [from, to].
@@ -107,6 +190,8 @@ func countCodes(evs []codeEvent) (map[codes.Code]int, string) {
 type pubsubLoad struct {
 	led     *ledger
 	codes   *codeLog
+	trace   *wireTrace
+	addr    string
 	client  *pubsub.Client
 	project string
 	topicID string
@@ -123,13 +208,12 @@ type pubsubLoad struct {
 }
 
 func newPubSubLoad(e *env, rate int) (*pubsubLoad, error) {
-	l := &pubsubLoad{led: newLedger("pubsub", "ps"+e.suffix), codes: &codeLog{}, project: "faults-" + e.suffix,
-		topicID: "faults-topic-" + e.suffix, subID: "faults-sub-" + e.suffix, rate: rate}
-	c, err := pubsub.NewClient(context.Background(), l.project,
-		option.WithEndpoint(e.gcpAddr), option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(l.codes.unary)),
-		option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(l.codes.stream)))
+	tr := newWireTrace()
+	l := &pubsubLoad{led: newLedger("pubsub", "ps"+e.suffix), codes: &codeLog{tag: "main", trace: tr}, trace: tr, addr: e.gcpAddr,
+		project: "faults-" + e.suffix, topicID: "faults-topic-" + e.suffix, subID: "faults-sub-" + e.suffix, rate: rate}
+	l.led.trace = tr.Trace
+	tr.onStalled = l.led.HeldID
+	c, err := l.newClient(l.codes)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +232,16 @@ func newPubSubLoad(e *env, rate int) (*pubsubLoad, error) {
 		return nil, fmt.Errorf("create subscription: %w", err)
 	}
 	return l, nil
+}
+
+// newClient is a Pub/Sub client with default settings whose calls obs
+// observes.
+func (l *pubsubLoad) newClient(obs *codeLog) (*pubsub.Client, error) {
+	return pubsub.NewClient(context.Background(), l.project,
+		option.WithEndpoint(l.addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+		option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(obs.unary)),
+		option.WithGRPCDialOption(grpc.WithChainStreamInterceptor(obs.stream)))
 }
 
 // Start runs the publisher and the acking subscriber.
@@ -203,13 +297,24 @@ func (l *pubsubLoad) receive(ctx context.Context) {
 	}
 }
 
-// Stall starts a second subscriber on the subscription whose callback
-// blocks for hold without acking, with lease extension off (MaxExtension
-// < 0), so its messages outlive the 10 s ack deadline; then the callbacks
-// nack and the subscriber stops. It returns when the stall is over.
+// Stall starts a second subscriber on the subscription, on a client of its
+// own, whose callback blocks for hold without acking, with lease extension
+// off (MaxExtension < 0) and a 10 s stream ack deadline, so its messages
+// outlive their ack deadline;
+// then the callbacks nack and the subscriber stops. It returns when the
+// stall is over. Its calls are traced but its codes are not asserted.
 func (l *pubsubLoad) Stall(hold time.Duration) error {
-	sub := l.client.Subscriber(l.subID)
+	c, err := l.newClient(&codeLog{tag: "stalled", trace: l.trace})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	sub := c.Subscriber(l.subID)
 	sub.ReceiveSettings.MaxExtension = -1
+	// The stream's own ack deadline (the client's default is 60 s) covers
+	// messages the stalled client has not read yet; 10 s like the
+	// subscription's.
+	sub.ReceiveSettings.MaxDurationPerAckExtension = 10 * time.Second
 	sub.ReceiveSettings.MaxOutstandingMessages = 20
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

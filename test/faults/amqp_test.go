@@ -322,6 +322,10 @@ func (l *amqpLoad) consume(ctx context.Context, who string) {
 	}
 }
 
+// errStallInterrupted: the stalled consumer's connection was closed by the
+// proxy (an outage) before the stall ended.
+var errStallInterrupted = errors.New("the proxy closed the stalled consumer's channel")
+
 // Stall opens a consumer with the given prefetch that takes deliveries and
 // acks none, holds them for hold, then closes its channel: they must come
 // back to the other consumers, flagged redelivered.
@@ -348,7 +352,8 @@ func (l *amqpLoad) Stall(hold time.Duration, prefetch int) error {
 		select {
 		case d, ok := <-msgs:
 			if !ok {
-				return errors.New("stalled consumer's channel closed under it")
+				l.led.Released()
+				return fmt.Errorf("%w after %d deliveries", errStallInterrupted, held)
 			}
 			l.led.Held(d.Body)
 			held++

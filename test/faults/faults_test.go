@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -110,7 +111,10 @@ var faults = []fault{
 			}()
 			go func() {
 				defer wg.Done()
-				if err := r.am.Stall(amqpStall, amqpStallHeld); err != nil {
+				switch err := r.am.Stall(amqpStall, amqpStallHeld); {
+				case errors.Is(err, errStallInterrupted):
+					t.Logf("amqp stall: %v", err) // see checkStall
+				case err != nil:
 					t.Errorf("amqp stall: %v", err)
 				}
 			}()
@@ -228,7 +232,7 @@ func runFault(t *testing.T, f fault) {
 	checkLedger(t, f.name, r.ps.led, recPS, psSaw)
 	checkLedger(t, f.name, r.am.led, recAM, amSaw)
 	if f.name == "ConsumerStall" {
-		checkStall(t, r)
+		checkStall(t, r, faultStart, faultEnd)
 	}
 	stopStart = time.Now()
 	e.stop()
@@ -405,11 +409,16 @@ func checkLedger(t *testing.T, fault string, l *ledger, recovered time.Duration,
 	}
 }
 
-func checkStall(t *testing.T, r *run) {
+func checkStall(t *testing.T, r *run, from, to time.Time) {
 	t.Helper()
+	// A backend outage reported during the stall (none is injected, but a
+	// health ping can time out on a starved machine) drops every lease;
+	// their records bring the messages back on the outage's schedule, so
+	// the redelivery timings below do not apply. Loss is still checked.
+	psCodes, _ := countCodes(r.ps.codes.Between(from, to))
+	amEvents, _ := countEvents(r.am.events.Between(from, to))
+	outage := psCodes[codes.Unavailable] > 0 || amEvents["closed:320"] > 0
 	ps, am := r.ps.led.Summary(), r.am.led.Summary()
-	addStats("ConsumerStall      pubsub: %d held by the stalled callback, %d redelivered (%d before it let go); amqp: %d held, %d redelivered (%d flagged redelivered, %d while still held)",
-		ps.Held, ps.HeldRedelivered, ps.HeldRedeliveredEarly, am.Held, am.HeldRedelivered, am.HeldFlagged, am.HeldRedeliveredEarly)
 	if ps.Held == 0 || am.Held == 0 {
 		t.Errorf("the stalled consumers held nothing (pubsub %d, amqp %d)", ps.Held, am.Held)
 	}
@@ -420,6 +429,11 @@ func checkStall(t *testing.T, r *run) {
 	due, late := r.ps.led.HeldOverdue(pubsubRedeliverWithin)
 	addStats("ConsumerStall      pubsub: %d held by the stalled callback, %d redelivered (%d of %d overdue ones within %v); amqp: %d held, %d redelivered (%d flagged redelivered, %d while still held)",
 		ps.Held, ps.HeldRedelivered, due-len(late), due, pubsubRedeliverWithin, am.Held, am.HeldRedelivered, am.HeldFlagged, am.HeldRedeliveredEarly)
+	if outage {
+		t.Logf("the proxy reported a backend outage during the stall (pubsub UNAVAILABLE=%d, amqp 320 closes=%d): redelivery timings not checked",
+			psCodes[codes.Unavailable], amEvents["closed:320"])
+		return
+	}
 	if due == 0 {
 		t.Errorf("pubsub: no held message outlived its ack deadline during the %v stall", pubsubStall)
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -128,4 +129,84 @@ func (r *relay) pipe(c net.Conn, target string) {
 	delete(r.conns, c)
 	delete(r.conns, up)
 	r.mu.Unlock()
+}
+
+func TestRelay(t *testing.T) {
+	echo := func() (net.Listener, error) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			for {
+				c, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				go func() { io.Copy(c, c); c.Close() }()
+			}
+		}()
+		return lis, nil
+	}
+	a, err := echo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	r, err := newRelay(a.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	roundTrip := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return err
+		}
+		if string(buf) != "ping" {
+			return errors.New("echo mismatch: " + string(buf))
+		}
+		return nil
+	}
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c); err != nil {
+		t.Fatalf("through the relay: %v", err)
+	}
+
+	r.Down()
+	if err := roundTrip(c); err == nil {
+		t.Fatal("an open connection survived Down")
+	}
+	c2, err := net.Dial("tcp", r.Addr())
+	if err == nil {
+		defer c2.Close()
+		if err := roundTrip(c2); err == nil {
+			t.Fatal("a new connection was forwarded while down")
+		}
+	}
+
+	r.Up()
+	b, err := echo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r.SetTarget(b.Addr().String())
+	a.Close()
+	c3, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := roundTrip(c3); err != nil {
+		t.Fatalf("after Up and SetTarget: %v", err)
+	}
 }

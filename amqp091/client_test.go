@@ -566,3 +566,18 @@ func TestGetBesideAConsumer(t *testing.T) {
 		d.Ack(false)
 	})
 }
+
+// Redeclaring an exclusive queue that was declared durable is fine, as in
+// RabbitMQ 3.10 (found by this differential test: the proxy used to store
+// exclusive queues as non-durable and refused it with 406).
+func TestExclusiveDurableRedeclare(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		if _, err := ch.QueueDeclare("exdur", true, false, true, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare("exdur", true, false, true, false, nil); err != nil {
+			t.Fatalf("redeclare: %v", err)
+		}
+	})
+}

@@ -225,7 +225,7 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 		if !q.accessibleBy(ch.c) {
 			return errLocked(q.name, vn)
 		}
-		durable = durable && q.durable
+		durable = durable && q.persistent()
 	}
 	ctx, cancel := ch.backendCtx()
 	defer cancel()
@@ -292,8 +292,10 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 			vh.declMu.Unlock()
 			return err
 		}
-		// An exclusive queue dies with its connection: never durable.
-		q = newQueue(vh, name, m.Durable && !m.Exclusive, m.Exclusive, m.AutoDelete, m.Arguments, owner)
+		// An exclusive queue keeps the durable flag it was declared with
+		// (RabbitMQ 3.10 compares it on redeclare) but dies with its
+		// connection, so it is never a registry record (persistent).
+		q = newQueue(vh, name, m.Durable, m.Exclusive, m.AutoDelete, m.Arguments, owner)
 		ctx, cancel := ch.backendCtx()
 		err := vh.putQueueRecord(ctx, q)
 		cancel()

@@ -163,7 +163,7 @@ func (t *topology) apply(rec registry.Record) {
 			AutoDelete: r.AutoDelete, Internal: r.Internal, Args: decodeArgs(r.Args)})
 	case kindQueue:
 		if rec.Deleted {
-			if q := v.lookupQueue(parts[1]); q != nil && q.durable {
+			if q := v.lookupQueue(parts[1]); q != nil && q.persistent() {
 				v.removeQueue(q, "deleted by another replica")
 			}
 			return
@@ -261,6 +261,10 @@ func (v *vhost) lookupQueue(name string) *queue {
 	return v.queues[name]
 }
 
+// persistent reports whether q is a registry record: durable and not
+// exclusive (an exclusive queue dies with its connection).
+func (q *queue) persistent() bool { return q.durable && !q.exclusive }
+
 // accessibleBy reports whether connection c may use q (RabbitMQ's lax
 // exclusive check: an exclusive queue is its owner's alone).
 func (q *queue) accessibleBy(c *conn) bool { return q.owner == nil || q.owner == c }
@@ -318,10 +322,10 @@ func (v *vhost) persistRemoval(ctx context.Context, r routing.Removal, gone *que
 		case b.Dest.Exchange:
 			durable = durable && exchangeDurable(b.Dest.Name)
 		case gone != nil && b.Dest.Name == gone.name:
-			durable = durable && gone.durable
+			durable = durable && gone.persistent()
 		default:
 			q := v.lookupQueue(b.Dest.Name)
-			durable = durable && q != nil && q.durable
+			durable = durable && q != nil && q.persistent()
 		}
 		if durable {
 			if err := reg.Delete(ctx, kindBinding, recordKey(v.key, b.ID())); err != nil {
@@ -344,7 +348,7 @@ func (v *vhost) bindingDurable(b routing.Binding) bool {
 		return ok && d.Durable
 	}
 	q := v.lookupQueue(b.Dest.Name)
-	return q != nil && q.durable
+	return q != nil && q.persistent()
 }
 
 func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error {
@@ -356,7 +360,7 @@ func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error
 }
 
 func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
-	if v.top.reg == nil || !q.durable {
+	if v.top.reg == nil || !q.persistent() {
 		return nil
 	}
 	return v.top.reg.Put(ctx, kindQueue, recordKey(v.key, q.name), queueRecord{
@@ -364,7 +368,7 @@ func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
 }
 
 func (v *vhost) deleteQueueRecord(ctx context.Context, q *queue) error {
-	if v.top.reg == nil || !q.durable {
+	if v.top.reg == nil || !q.persistent() {
 		return nil
 	}
 	return v.top.reg.Delete(ctx, kindQueue, recordKey(v.key, q.name))

@@ -10,9 +10,12 @@
 //  1. ProxyKill: SIGKILL of the proxy, restarted on the same ports;
 //  2. BackendKill: SIGKILL of the backend, restarted on the same data dir;
 //  3. BackendUnreachable: the relay refuses and cuts every connection for 10 s;
-//  4. ConsumerStall: a Pub/Sub callback that sleeps past the 10 s ack
-//     deadline with lease extension off, and an AMQP consumer that holds
-//     its prefetch unacknowledged, then closes its channel.
+//  4. ConsumerStall: a Pub/Sub callback that sleeps 30 s, past the 10 s ack
+//     deadline, on a subscriber with lease extension off and a 10 s stream
+//     ack deadline (the messages must come back to the healthy subscriber
+//     while it sleeps), and an AMQP consumer that holds its prefetch
+//     unacknowledged for 15 s, then closes its channel (the messages must
+//     not go elsewhere meanwhile, then come back flagged redelivered).
 //
 // A ledger per protocol checks that every message whose publish was
 // acknowledged (Publish returned an id; basic.ack arrived) is delivered to a
@@ -29,13 +32,24 @@
 //
 //	go test ./test/faults/ -run Faults -v
 //
-// The default run finishes in about three minutes and is part of
-// `go test -race ./...`; -short skips it. FAULTS_DURATION=10m adds the
-// soak: ten minutes of load on one proxy process with faults injected in
-// turn, sampling go_goroutines, process_resident_memory_bytes and
-// process_open_fds from /metrics before, during and after the load, and
-// failing when they keep growing after the load stops (raise -timeout,
-// e.g. -timeout 30m). With KUBEMQ_ADDRESS set the backend is that external
-// server: the faults that kill the backend are skipped (the suite cannot
-// restart it); the others run against it through the relay.
+// The default run (the four faults, two at a time, each about 30-70 s)
+// takes about two and a half minutes and is part of `go test -race ./...`;
+// -short skips it. The proxy binary is built with -race when the tests
+// are, and a race report, panic or fatal error in any process fails the
+// run. Knobs (environment):
+//
+//   - FAULTS_DURATION=10m adds the soak: that long of load on one proxy
+//     process with the faults that keep it alive injected in turn every
+//     90 s, sampling go_goroutines, process_resident_memory_bytes and
+//     process_open_fds from /metrics before, during and for a minute after
+//     the load, and failing when they keep growing once the load has
+//     stopped (raise -timeout, e.g. -timeout 30m; without -race the RSS
+//     figures are the production binary's);
+//   - FAULTS_RATE: messages per second per protocol (default 200);
+//   - FAULTS_SERIAL=1: one run at a time;
+//   - FAULTS_LOGS=dir: keep each run's process logs (and data) there;
+//     FAULTS_LOG_LEVEL=debug raises the processes' log level;
+//   - KUBEMQ_ADDRESS=host:port: the backend is that external server; the
+//     faults that kill the backend are skipped (the suite cannot restart
+//     it), the others run against it through the relay.
 package faults

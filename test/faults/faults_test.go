@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -155,6 +156,14 @@ func addStats(format string, args ...any) {
 	reportMu.Lock()
 	stats = append(stats, fmt.Sprintf(format, args...))
 	reportMu.Unlock()
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
 }
 
 func TestFaults(t *testing.T) {
@@ -471,9 +480,15 @@ func printReport(t *testing.T, took time.Duration) {
 		return order[strings.Fields(stats[i])[0]] < order[strings.Fields(stats[j])[0]]
 	})
 	for _, r := range report {
+		rec := "-"
+		if r.recovered > 0 {
+			rec = r.recovered.Round(10 * time.Millisecond).String()
+		}
 		fmt.Fprintf(&b, "%-18s %-7s %7d %7d %7d %9d %5d %5d %6d %10s  %s\n", r.fault, r.proto, r.s.Sent, r.s.Acked, r.s.Failed,
-			r.s.Delivered, r.s.Lost, r.s.Duplicated, r.s.Pending, r.recovered.Round(10*time.Millisecond), r.saw)
+			r.s.Delivered, r.s.Lost, r.s.Duplicated, r.s.Pending, rec, r.saw)
 	}
+	b.WriteString("(acked: publish confirmed; failed: publish not confirmed, may still be delivered; delivered: unique ids a healthy consumer acked;\n" +
+		" lost: acked but never delivered; dup: deliveries beyond the first; unres: publishes never resolved; recovered: fault end to the first ack and delivery)\n")
 	for _, s := range stats {
 		b.WriteString(s + "\n")
 	}

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +138,12 @@ func checkSoakStats(t *testing.T, samples map[string][]procStats) {
 	addStats("Soak               proxy before: %v | load 25%%: %v | load end: %v | peak rss %.1fMiB goroutines %.0f | after: first %v, last %v (%d samples over %v)",
 		b, load[q], load[len(load)-1], peak(load, func(s procStats) float64 { return s.RSS })/(1<<20),
 		peak(load, func(s procStats) float64 { return s.Goroutines }), after[0], after[len(after)-1], len(after), soakAfterWindow)
+
+	var series []string
+	for _, s := range after {
+		series = append(series, fmt.Sprintf("%.0f/%.1f/%.0f", s.Goroutines, s.RSS/(1<<20), s.FDs))
+	}
+	addStats("Soak               after the load, every %v (goroutines/RSS MiB/fds): %s", soakSample, strings.Join(series, " "))
 
 	last := after[len(after)-1]
 	if limit := b.Goroutines*1.25 + goroutineSlack; last.Goroutines > limit {

@@ -15,8 +15,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
@@ -165,6 +167,13 @@ func New(opts Options) (*Server, error) {
 		grpc.MaxSendMsgSize(maxGRPCMessage),
 		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
+		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
+		grpc.ForceServerCodecV2(wirecodec.Codec()),
+		experimental.BufferPool(wirecodec.Pool()),
+		// Pipelining clients (a stream of events, batches in flight) would otherwise wait for
+		// window updates every 64 KiB; fixed windows also skip BDP probing pings.
+		grpc.InitialWindowSize(4 << 20),
+		grpc.InitialConnWindowSize(16 << 20),
 	}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS)))

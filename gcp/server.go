@@ -20,12 +20,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
 
 	"cloud.google.com/go/iam/apiv1/iampb"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 )
 
 // Defaults of the knobs in Config.
@@ -177,6 +179,13 @@ func newServer(c core) (*Server, error) {
 	s.stopWatch = s.cat.follow(s.topo)
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
+		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
+		grpc.ForceServerCodecV2(wirecodec.Codec()),
+		experimental.BufferPool(wirecodec.Pool()),
+		// A 1,000-message publish batch is ~1 MiB: with the default 64 KiB
+		// window the client would wait for window updates within each one.
+		grpc.InitialWindowSize(1<<20),
+		grpc.InitialConnWindowSize(16<<20),
 		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log, s.m), gateStream(s.ready)),
 	)

@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
@@ -142,7 +144,10 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
+			// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
+			grpc.ForceCodecV2(wirecodec.Codec()),
 		),
+		experimental.WithBufferPool(wirecodec.Pool()),
 		// Detect a dead server on idle long-lived streams.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// Large windows keep pipelined streams from stalling on flow control.

@@ -380,23 +380,34 @@ func (s *Server) SendEvent(_ context.Context, e *kubemqpb.Event) (*kubemqpb.Resu
 // SendEventsStream publishes a stream of events: one Result per events-store event (sent once it
 // is durable, in order), and for plain events a Result only on error.
 func (s *Server) SendEventsStream(stream grpc.BidiStreamingServer[kubemqpb.Event, kubemqpb.Result]) error {
-	type pending struct {
-		res *kubemqpb.Result
-		lsn uint64
+	// Events are taken in runs of whatever has arrived (up to maxRun), and
+	// each run's results wait for the log once: a pipelining client gets
+	// one log wait and one hand-off per run instead of per event.
+	const maxRun = 256
+	type run struct {
+		res []*kubemqpb.Result
+		lsn uint64 // the run's last log position
 	}
-	out := make(chan pending, 1024)
+	out := make(chan run, 64)
 	sendErr := make(chan error, 1)
 	go func() {
 		var failed error
-		for p := range out {
+		for r := range out {
 			if failed != nil {
 				continue
 			}
-			if err := s.waitLog(p.lsn); err != nil {
-				p.res.Sent, p.res.Error = false, err.Error()
+			if err := s.waitLog(r.lsn); err != nil {
+				for _, res := range r.res {
+					if res.Sent {
+						res.Sent, res.Error = false, err.Error()
+					}
+				}
 			}
-			if err := stream.Send(p.res); err != nil {
-				failed = err
+			for _, res := range r.res {
+				if err := stream.Send(res); err != nil {
+					failed = err
+					break
+				}
 			}
 		}
 		sendErr <- failed
@@ -412,12 +423,33 @@ func (s *Server) SendEventsStream(stream grpc.BidiStreamingServer[kubemqpb.Event
 				return stream.Context().Err()
 			case r = <-in:
 			}
-			if r.err != nil {
-				return r.err
+			var cur run
+			for {
+				if r.err != nil {
+					if len(cur.res) > 0 {
+						out <- cur
+					}
+					return r.err
+				}
+				res, lsn, msg := s.publish(r.m)
+				if msg != "" || r.m.Store {
+					cur.res = append(cur.res, res)
+					cur.lsn = max(cur.lsn, lsn)
+				}
+				if len(cur.res) >= maxRun {
+					break
+				}
+				var more bool
+				select {
+				case r, more = <-in:
+				default:
+				}
+				if !more {
+					break
+				}
 			}
-			res, lsn, msg := s.publish(r.m)
-			if msg != "" || r.m.Store {
-				out <- pending{res: res, lsn: lsn}
+			if len(cur.res) > 0 {
+				out <- cur
 			}
 		}
 	}()

@@ -45,6 +45,20 @@ func frame(dst []byte, typ byte, payload []byte) []byte {
 	return append(dst, payload...)
 }
 
+// frameMessage appends one framed record whose payload is m's encoding, marshalled in place
+// (no intermediate buffer). size must be proto.Size(m), computed just before.
+func frameMessage(dst []byte, typ byte, m proto.Message, size int) []byte {
+	start := len(dst)
+	var h [frameHeader]byte
+	binary.LittleEndian.PutUint32(h[0:4], uint32(1+size))
+	h[8] = typ
+	dst = append(dst, h[:]...)
+	dst, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(dst, m)
+	c := crc32.Update(0, castagnoli, dst[start+8:])
+	binary.LittleEndian.PutUint32(dst[start+4:start+8], c)
+	return dst
+}
+
 // unframe reads the record at the start of b. n is the bytes consumed; err is errCorrupt for a
 // torn or damaged frame (the log is cut there).
 func unframe(b []byte) (typ byte, payload []byte, n int, err error) {

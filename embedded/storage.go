@@ -131,7 +131,21 @@ func (st *logStore) addSeg(id uint32) *segInfo {
 // append adds one record; live records count against the segment. It returns the log position
 // to wait for and the segment.
 func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32) {
-	n := int64(frameHeader + len(payload))
+	return st.appendFrame(int64(frameHeader+len(payload)), live, func(dst []byte) []byte {
+		return frame(dst, typ, payload)
+	})
+}
+
+// appendMessage is append with m's encoding as the payload, marshalled straight into the batch.
+func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (uint64, uint32) {
+	size := proto.Size(m)
+	return st.appendFrame(int64(frameHeader+size), live, func(dst []byte) []byte {
+		return frameMessage(dst, typ, m, size)
+	})
+}
+
+// appendFrame adds one record of n bytes written by put.
+func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32) {
 	st.mu.Lock()
 	if st.curSize > 0 && st.curSize+n > st.s.opts.SegmentBytes {
 		st.cur++
@@ -144,7 +158,7 @@ func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32)
 		st.segs[seg].live.Add(1)
 	}
 	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg {
-		st.pending[k-1].data = frame(st.pending[k-1].data, typ, payload)
+		st.pending[k-1].data = put(st.pending[k-1].data)
 	} else {
 		var buf []byte
 		if k := len(st.spare); k > 0 {
@@ -152,7 +166,7 @@ func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32)
 		} else {
 			buf = make([]byte, 0, 1<<20)
 		}
-		st.pending = append(st.pending, chunk{seg: seg, data: frame(buf, typ, payload)})
+		st.pending = append(st.pending, chunk{seg: seg, data: put(buf)})
 	}
 	st.curSize += n
 	st.lsn += uint64(n)
@@ -392,8 +406,7 @@ func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (uint64, uint32) {
 	if s.store == nil {
 		return 0, 0
 	}
-	b, _ := proto.Marshal(m)
-	return s.store.append(recQueueMsg, b, true)
+	return s.store.appendMessage(recQueueMsg, m, true)
 }
 
 func (s *Server) logQueueDel(name string, seqs []uint64) {
@@ -432,8 +445,7 @@ func (s *Server) logEvent(e *kubemqpb.EventReceive) (uint64, uint32) {
 	if s.store == nil {
 		return 0, 0
 	}
-	b, _ := proto.Marshal(e)
-	return s.store.append(recEvent, b, true)
+	return s.store.appendMessage(recEvent, e, true)
 }
 
 func (s *Server) logCursor(key, channel string, cur uint64) {

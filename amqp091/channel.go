@@ -260,6 +260,9 @@ func (ch *channel) shutdown() {
 	// RabbitMQ has requeued them when channel.close-ok goes out: a get or
 	// a declare right after must see them. The lease engine stores the
 	// fresh copies asynchronously, so wait (briefly) until it has.
+	for _, h := range all {
+		flushBuffered(h)
+	}
 	for _, h := range released {
 		waitRequeued(h, requeueWait)
 	}
@@ -285,6 +288,22 @@ func waitRequeued(h *delivery.Handle, d time.Duration) {
 			return
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// flushBuffered gives the lease engine's buffered deliveries of h's queue
+// back to KubeMQ when nobody in this process holds or awaits that queue's
+// messages any more. They were never delivered (a consumer read ahead, or
+// stopped while a fetch was being served), so the copies keep their
+// attempt: not redelivered. Left in the engine's buffer they would be
+// invisible to message counts and to other replicas until the engine's
+// linger ended.
+func flushBuffered(h *delivery.Handle) {
+	c := h.Consumer()
+	st := c.Stats()
+	if st.Buffered > 0 && st.Out == 0 && st.Waiters == 0 {
+		c.ReleaseAll()
+		waitRequeued(h, requeueWait)
 	}
 }
 

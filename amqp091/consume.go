@@ -146,6 +146,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	cs.pending = nil
 	ch.dmu.Unlock()
 	cs.giveBack(pending)
+	flushBuffered(cs.h)
 	q := cs.q
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)

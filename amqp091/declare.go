@@ -196,9 +196,10 @@ func (ch *channel) bindQueue(asNamed string, b routing.Binding, add bool) error 
 }
 
 // bind adds or removes a binding after RabbitMQ's checks: never the
-// default exchange, both ends must exist (source first), an exclusive
-// queue only from its owner, and headers arguments must be valid.
-// Removing a binding that does not exist is not an error.
+// default exchange, both ends must exist to bind (source first), an
+// exclusive queue only from its owner, and headers arguments must be
+// valid. Removing a binding that does not exist, or whose ends do not, is
+// not an error.
 func (ch *channel) bind(b routing.Binding, add bool) error {
 	vh, vn := ch.c.vh, ch.c.vhostName
 	if b.Source == "" || (b.Dest.Exchange && b.Dest.Name == "") {
@@ -206,20 +207,31 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 	}
 	vh.declMu.Lock()
 	defer vh.declMu.Unlock()
+	// Unbinding is idempotent: RabbitMQ 3.10 answers unbind-ok even when an
+	// end is missing.
 	src, ok := vh.routes.Exchange(b.Source)
 	if !ok {
+		if !add {
+			return nil
+		}
 		return errNoExchange(b.Source, vn)
 	}
 	durable := src.Durable
 	if b.Dest.Exchange {
 		d, ok := vh.routes.Exchange(b.Dest.Name)
 		if !ok {
+			if !add {
+				return nil
+			}
 			return errNoExchange(b.Dest.Name, vn)
 		}
 		durable = durable && d.Durable
 	} else {
 		q := vh.lookupQueue(b.Dest.Name)
 		if q == nil {
+			if !add {
+				return nil
+			}
 			return errNoQueue(b.Dest.Name, vn)
 		}
 		if !q.accessibleBy(ch.c) {

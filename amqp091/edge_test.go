@@ -1,0 +1,293 @@
+package amqp091
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Edge semantics, checked on both brokers.
+
+func expectCode(t *testing.T, err error, code int, what string) {
+	t.Helper()
+	if amqpCode(err) != code {
+		t.Fatalf("%s: got %v, want %d", what, err, code)
+	}
+}
+
+// eventually retries check until it holds (RabbitMQ does some things, such
+// as auto-delete, asynchronously).
+func eventually(t *testing.T, what string, check func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !check() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never happened", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestEdgeSemantics(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		fresh := func() *amqp.Channel {
+			ch := e.channel(conn)
+			return ch
+		}
+		confirmed := func() *amqp.Channel {
+			ch := fresh()
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			return ch
+		}
+
+		t.Run("declare-ok counts", func(t *testing.T) {
+			ch := confirmed()
+			if _, err := ch.QueueDeclare("cnt", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			publishConfirmed(t, ch, "", "cnt", "a", "b")
+			c2 := fresh()
+			if _, err := c2.Consume("cnt", "x", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "counts", func() bool {
+				q, err := ch.QueueDeclarePassive("cnt", false, false, false, false, nil)
+				return err == nil && q.Consumers == 1 && q.Messages == 0
+			})
+			c2.Close()
+			eventually(t, "messages back after the consumer's channel closed", func() bool {
+				q, err := ch.QueueDeclarePassive("cnt", false, false, false, false, nil)
+				return err == nil && q.Consumers == 0 && q.Messages == 2
+			})
+		})
+
+		t.Run("if-unused with a consumer", func(t *testing.T) {
+			ch := fresh()
+			if _, err := ch.QueueDeclare("used", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.Consume("used", "", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			_, err := fresh().QueueDelete("used", true, false, false)
+			expectCode(t, err, 406, "delete if-unused")
+		})
+
+		t.Run("auto-delete queue goes with its last consumer", func(t *testing.T) {
+			ch := fresh()
+			if _, err := ch.QueueDeclare("ad.q", false, true, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.Consume("ad.q", "c", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.Cancel("c", false); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "auto-delete", func() bool {
+				_, err := fresh().QueueDeclarePassive("ad.q", false, true, false, false, nil)
+				return amqpCode(err) == 404
+			})
+		})
+
+		t.Run("auto-delete exchange goes with its last binding", func(t *testing.T) {
+			ch := fresh()
+			if err := ch.ExchangeDeclare("ad.x", "fanout", false, true, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.QueueDeclare("ad.bound", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.QueueBind("ad.bound", "", "ad.x", false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.QueueUnbind("ad.bound", "", "ad.x", nil); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "exchange auto-delete", func() bool {
+				err := fresh().ExchangeDeclarePassive("ad.x", "fanout", false, true, false, false, nil)
+				return amqpCode(err) == 404
+			})
+		})
+
+		t.Run("missing ends of bindings", func(t *testing.T) {
+			// Unbinding is idempotent in RabbitMQ 3.10, missing ends included
+			// (found by this differential test).
+			if err := fresh().QueueUnbind("nobody", "k", "amq.direct", nil); err != nil {
+				t.Fatalf("unbind a missing queue: %v", err)
+			}
+			if err := fresh().QueueUnbind("nobody", "k", "no.such.x", nil); err != nil {
+				t.Fatalf("unbind from a missing exchange: %v", err)
+			}
+			if err := fresh().ExchangeUnbind("no.dst", "k", "no.src", false, nil); err != nil {
+				t.Fatalf("e2e unbind of missing exchanges: %v", err)
+			}
+			err := fresh().ExchangeBind("nowhere.x", "k", "amq.direct", false, nil)
+			var ae *amqp.Error
+			if !errors.As(err, &ae) || ae.Code != 404 || ae.Reason != "NOT_FOUND - no exchange 'nowhere.x' in vhost '"+e.vhost+"'" {
+				t.Fatalf("e2e bind to a missing destination: %v", err)
+			}
+			err = fresh().ExchangeBind("amq.fanout", "k", "", false, nil)
+			expectCode(t, err, 403, "e2e bind from the default exchange")
+		})
+
+		t.Run("mandatory through an e2e binding that leads nowhere", func(t *testing.T) {
+			ch := confirmed()
+			if err := ch.ExchangeDeclare("e2e.src", "topic", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.ExchangeDeclare("e2e.dst", "fanout", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.ExchangeBind("e2e.dst", "#", "e2e.src", false, nil); err != nil {
+				t.Fatal(err)
+			}
+			returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+			dc, err := ch.PublishWithDeferredConfirm("e2e.src", "k", true, false, amqp.Publishing{Body: []byte("x")})
+			if err != nil || !dc.Wait() {
+				t.Fatal(err)
+			}
+			if r := mustRecv(t, returns, "return"); r.ReplyCode != 312 {
+				t.Fatalf("return %+v", r)
+			}
+		})
+
+		t.Run("publish to a missing queue without mandatory", func(t *testing.T) {
+			ch := confirmed()
+			dc, err := ch.PublishWithDeferredConfirm("", "no-such-queue", false, false, amqp.Publishing{Body: []byte("x")})
+			if err != nil || !dc.Wait() {
+				t.Fatalf("%v", err)
+			}
+		})
+
+		t.Run("nack multiple and recover", func(t *testing.T) {
+			ch := confirmed()
+			if _, err := ch.QueueDeclare("nm", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			publishConfirmed(t, ch, "", "nm", "1", "2", "3")
+			c := fresh()
+			msgs, err := c.Consume("nm", "", false, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var last amqp.Delivery
+			for range 3 {
+				last = mustRecv(t, msgs, "delivery")
+			}
+			if err := last.Nack(true, true); err != nil { // all three back
+				t.Fatal(err)
+			}
+			var again []string
+			for range 3 {
+				d := mustRecv(t, msgs, "redelivery")
+				if !d.Redelivered {
+					t.Errorf("%s not redelivered", d.Body)
+				}
+				again = append(again, string(d.Body))
+			}
+			slices.Sort(again)
+			if !slices.Equal(again, []string{"1", "2", "3"}) {
+				t.Fatalf("after nack multiple: %v", again)
+			}
+			if err := c.Recover(true); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				d := mustRecv(t, msgs, "after recover")
+				if !d.Redelivered {
+					t.Errorf("%s not redelivered after recover", d.Body)
+				}
+				d.Ack(false)
+			}
+		})
+
+		t.Run("ack multiple with tag 0 acks everything", func(t *testing.T) {
+			ch := confirmed()
+			if _, err := ch.QueueDeclare("am0", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			publishConfirmed(t, ch, "", "am0", "1", "2")
+			c := fresh()
+			for range 2 {
+				if _, ok, err := c.Get("am0", false); err != nil || !ok {
+					t.Fatalf("get: %v %v", ok, err)
+				}
+			}
+			if err := c.Ack(0, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("close after ack-all: %v", err)
+			}
+			if got := drain(t, fresh(), "am0"); len(got) != 0 {
+				t.Fatalf("still there: %v", got)
+			}
+		})
+
+		t.Run("global prefetch spans the channel's consumers", func(t *testing.T) {
+			ch := confirmed()
+			for _, q := range []string{"gp1", "gp2"} {
+				if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				publishConfirmed(t, ch, "", q, q+"a", q+"b")
+			}
+			c := fresh()
+			if err := c.Qos(1, 0, true); err != nil {
+				t.Fatal(err)
+			}
+			m1, err := c.Consume("gp1", "", false, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m2, err := c.Consume("gp2", "", false, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got amqp.Delivery
+			select {
+			case got = <-m1:
+			case got = <-m2:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no delivery")
+			}
+			select {
+			case d := <-m1:
+				t.Fatalf("second delivery %s beyond the channel's prefetch 1", d.Body)
+			case d := <-m2:
+				t.Fatalf("second delivery %s beyond the channel's prefetch 1", d.Body)
+			case <-time.After(300 * time.Millisecond):
+			}
+			got.Ack(false)
+			select {
+			case <-m1:
+			case <-m2:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no delivery after the ack")
+			}
+		})
+
+		t.Run("passive declare of another connection's exclusive queue", func(t *testing.T) {
+			q, err := fresh().QueueDeclare("", false, true, true, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			other := e.channel(e.dial())
+			_, err = other.QueueDeclarePassive(q.Name, false, true, true, false, nil)
+			expectCode(t, err, 405, "passive declare of a locked queue")
+		})
+
+		t.Run("cancel of an unknown consumer tag", func(t *testing.T) {
+			if err := fresh().Cancel("never-was", false); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}

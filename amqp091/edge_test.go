@@ -291,3 +291,147 @@ func TestEdgeSemantics(t *testing.T) {
 		})
 	})
 }
+
+func expectReply(t *testing.T, err error, code int, text string) {
+	t.Helper()
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != code || ae.Reason != text {
+		t.Fatalf("got %v\nwant %d %q", err, code, text)
+	}
+}
+
+func TestEdgeSemanticsArgs(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		conn := e.dial()
+		fresh := func() *amqp.Channel { return e.channel(conn) }
+		vh := e.vhost
+
+		t.Run("queue argument differs", func(t *testing.T) {
+			ch := fresh()
+			if _, err := ch.QueueDeclare("ttlq", false, false, false, false, amqp.Table{"x-message-ttl": int32(1000)}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := fresh().QueueDeclare("ttlq", false, false, false, false, amqp.Table{"x-message-ttl": int32(2000)})
+			expectReply(t, err, 406, "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'ttlq' in vhost '"+vh+"': received '2000' but current is '1000'")
+			_, err = fresh().QueueDeclare("ttlq", false, false, false, false, nil)
+			expectReply(t, err, 406, "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'ttlq' in vhost '"+vh+"': received none but current is the value '1000' of type 'signedint'")
+			// Another integer width with the same value is equivalent.
+			if _, err := fresh().QueueDeclare("ttlq", false, false, false, false, amqp.Table{"x-message-ttl": int64(1000)}); err != nil {
+				t.Fatalf("same value as long: %v", err)
+			}
+			// Arguments RabbitMQ does not compare may differ.
+			if _, err := fresh().QueueDeclare("ttlq", false, false, false, false, amqp.Table{"x-message-ttl": int32(1000), "x-custom": "v"}); err != nil {
+				t.Fatalf("extra unknown argument: %v", err)
+			}
+		})
+
+		t.Run("exchange alternate-exchange differs", func(t *testing.T) {
+			ch := fresh()
+			if err := ch.ExchangeDeclare("aex", "direct", false, false, false, false, amqp.Table{"alternate-exchange": "a1"}); err != nil {
+				t.Fatal(err)
+			}
+			err := fresh().ExchangeDeclare("aex", "direct", false, false, false, false, amqp.Table{"alternate-exchange": "a2"})
+			expectReply(t, err, 406, "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange 'aex' in vhost '"+vh+"': received 'a2' but current is 'a1'")
+			err = fresh().ExchangeDeclare("aex", "direct", true, false, false, false, amqp.Table{"alternate-exchange": "a1"})
+			expectReply(t, err, 406, "PRECONDITION_FAILED - inequivalent arg 'durable' for exchange 'aex' in vhost '"+vh+"': received 'true' but current is 'false'")
+			// A passive declare ignores type and flags.
+			if err := fresh().ExchangeDeclarePassive("aex", "fanout", true, true, false, false, nil); err != nil {
+				t.Fatalf("passive with other type: %v", err)
+			}
+		})
+
+		t.Run("queue auto_delete differs", func(t *testing.T) {
+			if _, err := fresh().QueueDeclare("adq2", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			_, err := fresh().QueueDeclare("adq2", false, true, false, false, nil)
+			expectReply(t, err, 406, "PRECONDITION_FAILED - inequivalent arg 'auto_delete' for queue 'adq2' in vhost '"+vh+"': received 'true' but current is 'false'")
+		})
+
+		t.Run("exclusive redeclare from the owner without exclusive", func(t *testing.T) {
+			ch := fresh()
+			if _, err := ch.QueueDeclare("exq", false, false, true, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ch.QueueDeclare("exq", false, false, false, false, nil)
+			expectCode(t, err, 405, "owner redeclaring without exclusive")
+		})
+
+		t.Run("consume from a missing queue", func(t *testing.T) {
+			_, err := fresh().Consume("ghost", "", false, false, false, false, nil)
+			expectReply(t, err, 404, "NOT_FOUND - no queue 'ghost' in vhost '"+vh+"'")
+		})
+
+		t.Run("exchange if-unused with only an e2e binding to it", func(t *testing.T) {
+			ch := fresh()
+			for _, x := range []string{"iu.src", "iu.dst"} {
+				if err := ch.ExchangeDeclare(x, "fanout", false, false, false, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ch.ExchangeBind("iu.dst", "", "iu.src", false, nil); err != nil {
+				t.Fatal(err)
+			}
+			// iu.dst is only a destination: not in use.
+			if err := fresh().ExchangeDelete("iu.dst", true, false); err != nil {
+				t.Fatalf("delete a destination-only exchange if-unused: %v", err)
+			}
+			if err := ch.ExchangeDeclare("iu.dst2", "fanout", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.ExchangeBind("iu.dst2", "", "iu.src", false, nil); err != nil {
+				t.Fatal(err)
+			}
+			err := fresh().ExchangeDelete("iu.src", true, false)
+			expectReply(t, err, 406, "PRECONDITION_FAILED - exchange 'iu.src' in vhost '"+vh+"' in use")
+		})
+
+		t.Run("deleting a queue drops its bindings", func(t *testing.T) {
+			ch := fresh()
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.QueueDeclare("rebound", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.QueueBind("rebound", "k", "amq.direct", false, nil); err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.QueueBind("rebound", "k", "amq.direct", false, nil); err != nil {
+				t.Fatalf("binding twice: %v", err)
+			}
+			if _, err := ch.QueueDelete("rebound", false, false, false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.QueueDeclare("rebound", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			publishConfirmed(t, ch, "amq.direct", "k", "old binding?")
+			if got := drain(t, ch, "rebound"); len(got) != 0 {
+				t.Fatalf("routed through a binding of the deleted queue: %v", got)
+			}
+		})
+
+		t.Run("get no-ack and message count", func(t *testing.T) {
+			ch := fresh()
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ch.QueueDeclare("gna", false, false, false, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			publishConfirmed(t, ch, "", "gna", "1", "2", "3")
+			d, ok, err := ch.Get("gna", true)
+			if err != nil || !ok || d.MessageCount != 2 {
+				t.Fatalf("get: %v %v %d", ok, err, d.MessageCount)
+			}
+			n, err := ch.QueuePurge("gna", false)
+			if err != nil || n != 2 {
+				t.Fatalf("purge: %d %v", n, err)
+			}
+			if got := drain(t, ch, "gna"); len(got) != 0 {
+				t.Fatalf("after purge: %v", got)
+			}
+		})
+	})
+}

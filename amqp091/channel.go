@@ -262,6 +262,7 @@ func (ch *channel) shutdown() {
 	// fresh copies asynchronously, so wait (briefly) until it has.
 	for _, h := range all {
 		flushBuffered(h)
+		ch.c.srv.flushLater(h.Consumer())
 	}
 	for _, h := range released {
 		waitRequeued(h, requeueWait)
@@ -300,11 +301,39 @@ func waitRequeued(h *delivery.Handle, d time.Duration) {
 // linger ended.
 func flushBuffered(h *delivery.Handle) {
 	c := h.Consumer()
+	if releaseIdleBuffer(c) {
+		waitRequeued(h, requeueWait)
+	}
+}
+
+// releaseIdleBuffer requeues c's buffered leases if nobody holds or awaits
+// any of its leases; it reports whether it did.
+func releaseIdleBuffer(c *delivery.Consumer) bool {
 	st := c.Stats()
 	if st.Buffered > 0 && st.Out == 0 && st.Waiters == 0 {
 		c.ReleaseAll()
-		waitRequeued(h, requeueWait)
+		return true
 	}
+	return false
+}
+
+// flushLater looks at c again once the lease engine's poll loop has
+// finished the fetch it may still have had in flight when its last waiter
+// left (a Get returns within about a second): what that fetch brought in
+// would otherwise wait in the buffer, unseen by other replicas and by
+// message counts, until the engine closes the idle consumer.
+func (s *Server) flushLater(c *delivery.Consumer) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTimer(2 * time.Second)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			releaseIdleBuffer(c)
+		case <-s.ctx.Done():
+		}
+	}()
 }
 
 // handle returns the channel's lease handle on q, acquiring it once.

@@ -324,10 +324,17 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 		}
 		vh.declMu.Unlock()
 		ch.lastQueue = name
-		if !m.NoWait {
-			ch.send(&wire.QueueDeclareOk{Queue: name})
+		if m.Queue == "" {
+			// A fresh server-named queue: nothing can be in it yet.
+			if !m.NoWait {
+				ch.send(&wire.QueueDeclareOk{Queue: name})
+			}
+			return nil
 		}
-		return nil
+		// Its KubeMQ channel may already hold messages (sent by native
+		// KubeMQ clients, or kept while the queue was not declared here):
+		// the count says what a consumer will get.
+		return ch.declareOk(q, m.NoWait)
 	}
 	vh.declMu.Unlock()
 	rs := rsQueue(name, vn)

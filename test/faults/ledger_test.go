@@ -127,6 +127,13 @@ func (l *ledger) HeldID(id string) {
 	l.mu.Unlock()
 }
 
+// ReleasedAt is when the stalled consumer let go (zero: not yet).
+func (l *ledger) ReleasedAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heldEnd
+}
+
 // Released marks the moment the stalled consumer let go of its messages.
 func (l *ledger) Released() {
 	l.mu.Lock()
@@ -316,53 +323,4 @@ func TestLedgerAccounting(t *testing.T) {
 	if err := l.waitSettled(ctx, t.Logf); err == nil {
 		t.Fatal("settled with a lost message")
 	}
-}
-
-// HeldOverdue checks redelivery while the stalled consumer still held its
-// messages: of those held at least within before it let go ("due"), late
-// counts the ones no healthy consumer got within that time of the hold.
-func (l *ledger) HeldOverdue(within time.Duration) (due int, late []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for id, heldAt := range l.held {
-		if l.heldEnd.IsZero() || heldAt.Add(within).After(l.heldEnd) {
-			continue
-		}
-		due++
-		inTime := false
-		for _, at := range l.delivered[id] {
-			if at.After(heldAt) && !at.After(heldAt.Add(within)) {
-				inTime = true
-				break
-			}
-		}
-		if !inTime {
-			late = append(late, id)
-		}
-	}
-	sort.Strings(late)
-	return due, late
-}
-
-// HeldDetail lists each held message: when it was held and when a healthy
-// consumer got it, relative to the first hold.
-func (l *ledger) HeldDetail() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var first time.Time
-	for _, at := range l.held {
-		if first.IsZero() || at.Before(first) {
-			first = at
-		}
-	}
-	var lines []string
-	for id, at := range l.held {
-		var ds []string
-		for _, d := range l.delivered[id] {
-			ds = append(ds, d.Sub(first).Round(10*time.Millisecond).String())
-		}
-		lines = append(lines, fmt.Sprintf("  %s held@%v delivered@%v", id, at.Sub(first).Round(10*time.Millisecond), ds))
-	}
-	sort.Strings(lines)
-	return fmt.Sprintf("released@%v\n%s", l.heldEnd.Sub(first).Round(10*time.Millisecond), strings.Join(lines, "\n"))
 }

@@ -274,3 +274,24 @@ func scrape(httpAddr string) (procStats, error) {
 	}
 	return s, sc.Err()
 }
+
+// metricLines returns the proxy's own metric samples (kubemq_proxy_*,
+// histogram buckets left out) for a failure report.
+func metricLines(httpAddr string) string {
+	hc := http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "kubemq_proxy_") && !strings.Contains(line, "_bucket{") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}

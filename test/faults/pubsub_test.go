@@ -102,14 +102,20 @@ func (s *observedStream) SendMsg(m any) error {
 type wireTrace struct {
 	onStalled func(id string) // a message reached the stalled client
 
-	mu     sync.Mutex // guards the maps
-	start  time.Time
-	events map[string][]string // ledger id -> timeline
-	ackIDs map[string]string   // ack id -> ledger id
+	mu       sync.Mutex // guards the maps
+	start    time.Time
+	events   map[string][]string  // ledger id -> timeline
+	ackIDs   map[string]string    // ack id -> ledger id
+	receipts map[string][]receipt // ledger id -> every time a client read it
+}
+
+type receipt struct {
+	at  time.Time
+	tag string
 }
 
 func newWireTrace() *wireTrace {
-	return &wireTrace{start: time.Now(), events: map[string][]string{}, ackIDs: map[string]string{}}
+	return &wireTrace{start: time.Now(), events: map[string][]string{}, ackIDs: map[string]string{}, receipts: map[string][]receipt{}}
 }
 
 func (w *wireTrace) received(tag string, ms []*pubsubpb.ReceivedMessage) {
@@ -122,6 +128,7 @@ func (w *wireTrace) received(tag string, ms []*pubsubpb.ReceivedMessage) {
 			w.onStalled(id)
 		}
 		w.ackIDs[m.GetAckId()] = id
+		w.receipts[id] = append(w.receipts[id], receipt{time.Now(), tag})
 		w.events[id] = append(w.events[id], fmt.Sprintf("%v received by %s client (message_id %s, ack id %s)", at, tag, m.GetMessage().GetMessageId(), m.GetAckId()))
 	}
 }
@@ -142,6 +149,32 @@ func (w *wireTrace) settled(tag, what string, ackIDs []string, err error) {
 			w.events[id] = append(w.events[id], fmt.Sprintf("%v %s sent by %s client for ack id %s: %s", at, what, tag, a, res))
 		}
 	}
+}
+
+// Overdue checks that the proxy redelivers what the stalled client lets
+// expire: every receipt by it at least within before release must be
+// followed by another receipt of the message, by any client, within that
+// time. late lists the messages where one was not.
+func (w *wireTrace) Overdue(within time.Duration, release time.Time) (due int, late []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, rs := range w.receipts {
+		bad := false
+		for i, r := range rs {
+			if r.tag != "stalled" || r.at.Add(within).After(release) {
+				continue
+			}
+			due++
+			if i+1 == len(rs) || rs[i+1].at.After(r.at.Add(within)) {
+				bad = true
+			}
+		}
+		if bad {
+			late = append(late, id)
+		}
+	}
+	sort.Strings(late)
+	return due, late
 }
 
 // Trace is the timeline of one message (times since the run's start).
@@ -315,7 +348,12 @@ func (l *pubsubLoad) Stall(hold time.Duration) error {
 	// messages the stalled client has not read yet; 10 s like the
 	// subscription's.
 	sub.ReceiveSettings.MaxDurationPerAckExtension = 10 * time.Second
-	sub.ReceiveSettings.MaxOutstandingMessages = 20
+	// No client-side flow control: the client keeps reading its stream, so
+	// every message the proxy sends it is observed (a client that stops
+	// reading leaves redeliveries unseen in its transport buffer), and
+	// every one of them blocks in a callback.
+	sub.ReceiveSettings.MaxOutstandingMessages = -1
+	sub.ReceiveSettings.MaxOutstandingBytes = -1
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	release := make(chan struct{})

@@ -19,13 +19,28 @@ const (
 	// opTimeout bounds one stream operation beyond its own wait. A stream that does not answer
 	// in time is treated as broken.
 	opTimeout = 30 * time.Second
+	// maxUnsynced bounds how many batches may be settled without a Sync while a backlog
+	// drains (settlement failures surface at the next Sync).
+	maxUnsynced = 16
 )
+
+// pollState is what the poll loop knows between Gets.
+type pollState struct {
+	// known is a lower bound on the messages still waiting, from the last QueuesInfo minus
+	// what the Gets since then took (each acked and fully settled). While it covers the next
+	// Get, QueuesInfo and the Sync before it are skipped: a draining backlog costs a Get and a
+	// record store per batch, not four round trips. Another consumer of the queue (a second
+	// replica) can make it too high; a Get that then comes back short resets it.
+	known    int64
+	unsynced int // batches acked since the last Sync
+}
 
 // pollLoop owns the downstream stream (and so the only open transaction on the queue). It polls
 // while some Fetch waits for more than the ready buffer holds.
 func (c *Consumer) pollLoop() {
 	defer close(c.pollDone)
 	var ds Downstream
+	var st pollState
 	gets := 0
 	bo := backoff{min: 50 * time.Millisecond, max: 2 * time.Second}
 	closeStream := func() {
@@ -36,6 +51,7 @@ func (c *Consumer) pollLoop() {
 			c.log.Debug("close downstream", zap.Error(err))
 		}
 		ds = nil
+		st = pollState{}
 	}
 	defer closeStream()
 	for {
@@ -59,9 +75,10 @@ func (c *Consumer) pollLoop() {
 			}
 			gets = 0
 		}
-		broken, err := c.pollOnce(ds, demand)
+		broken, err := c.pollOnce(ds, demand, &st)
 		gets++
 		if err != nil {
+			st = pollState{}
 			if broken {
 				closeStream()
 			}
@@ -145,14 +162,18 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 
 // pollOnce runs one Get and everything that must happen before its transaction is settled.
 // broken reports that the stream can no longer be used.
-func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) {
-	n, err := c.b.Waiting(c.pollCtx, c.queue)
-	if err != nil {
-		return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
+func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bool, err error) {
+	want := int64(min(demand, c.opts.MaxBatch))
+	if st.known < want {
+		n, err := c.b.Waiting(c.pollCtx, c.queue)
+		if err != nil {
+			return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
+		}
+		st.known = max(n, 0)
 	}
 	maxItems := 1
-	if n > 0 {
-		maxItems = int(min(n, int64(demand), int64(c.opts.MaxBatch)))
+	if st.known > 0 {
+		maxItems = int(min(st.known, want))
 	}
 	// Stream operations never take the Consumer's cancellation: cancelling a stream with a Get
 	// outstanding can strand messages on the real server (kubemq-api.md 8.7).
@@ -163,6 +184,11 @@ func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) 
 	c.st.gets.Add(1)
 	if err != nil {
 		return true, fmt.Errorf("delivery: get from %s: %w", c.queue, err)
+	}
+	if len(msgs) < maxItems {
+		st.known = 0 // the estimate was off, or the queue ran dry: ask again
+	} else {
+		st.known -= int64(len(msgs))
 	}
 	if len(msgs) == 0 {
 		return false, nil // an empty Get completes its transaction
@@ -190,11 +216,16 @@ func (c *Consumer) pollOnce(ds Downstream, demand int) (broken bool, err error) 
 		return true, fmt.Errorf("delivery: ack batch on %s: %w", c.queue, err)
 	}
 	c.commit(b)
+	st.unsynced++
+	if st.known >= int64(c.opts.MaxBatch) && st.unsynced < maxUnsynced {
+		return false, nil // the next Get is sized from known: no QueuesInfo to protect
+	}
 	// The barrier keeps the next QueuesInfo from counting the batch just acked, which would
 	// size the next Get too big and make it wait the full second (kubemq-api.md 9.4 rule 4).
 	if err := ds.Sync(ctx, tx); err != nil {
 		return true, fmt.Errorf("delivery: sync %s: %w", c.queue, err)
 	}
+	st.unsynced = 0
 	return false, nil
 }
 

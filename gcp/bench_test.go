@@ -7,13 +7,19 @@ package gcp_test
 //	go test -run '^$' -bench . -benchtime 1x ./gcp/
 //
 // Each benchmark does a fixed amount of work per target (b.N is ignored
-// beyond 1) and reports msgs/s or latency percentiles as metrics.
+// beyond 1) and reports msgs/s or latency percentiles as metrics, and the
+// process's CPU time per message (client, server and embedded KubeMQ
+// together), which varies less than wall time on a shared machine.
+// $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile or an
+// execution trace of the measured phase of a proxy benchmark.
 
 import (
 	"context"
 
 	"os"
 	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,7 +133,9 @@ func BenchmarkBacklogReceive(b *testing.B) {
 			n := tg.backlog
 			publishAll(b, c, topicID, n)
 			b.ResetTimer()
+			stopProfile := profileProxy(b, tg.name)
 			var d time.Duration
+			cpu := cpuTime()
 			for range b.N {
 				var got atomic.Int64
 				ctx, cancel := context.WithCancel(context.Background())
@@ -150,7 +158,9 @@ func BenchmarkBacklogReceive(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			stopProfile()
 			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
+			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
 			b.ReportMetric(float64(n), "backlog")
 		})
 	}
@@ -255,6 +265,37 @@ func BenchmarkLeasedRSS(b *testing.B) {
 		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
 		cancel()
 	}
+}
+
+// profileProxy writes a CPU profile ($BENCH_CPUPROFILE) or an execution
+// trace ($BENCH_TRACE) of the measured phase of a proxy benchmark only
+// (go test's own -cpuprofile also covers the setup, e.g. filling a
+// backlog). The returned function stops it.
+func profileProxy(b *testing.B, target string) (stop func()) {
+	if target != "proxy" {
+		return func() {}
+	}
+	if fn := os.Getenv("BENCH_CPUPROFILE"); fn != "" {
+		f, err := os.Create(fn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		return func() { pprof.StopCPUProfile(); f.Close() }
+	}
+	if fn := os.Getenv("BENCH_TRACE"); fn != "" {
+		f, err := os.Create(fn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := trace.Start(f); err != nil {
+			b.Fatal(err)
+		}
+		return func() { trace.Stop(); f.Close() }
+	}
+	return func() {}
 }
 
 // cpuTime is the process's user plus system CPU time: the whole test

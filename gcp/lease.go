@@ -64,34 +64,6 @@ type lease struct {
 	hidx     int    // index in subRuntime.heap; -1 when not in it
 }
 
-// flow is one StreamingPull stream's outstanding count, for its client's
-// flow control. Guarded by the subRuntime.mu of its subscription.
-type flow struct {
-	maxMsgs, maxBytes int64
-	msgs, bytes       int64
-	changed           chan struct{} // cap 1: something was settled
-}
-
-func (f *flow) release(l *lease) {
-	if f == nil {
-		return
-	}
-	f.msgs--
-	f.bytes -= l.bytes
-	select {
-	case f.changed <- struct{}{}:
-	default:
-	}
-}
-
-// room is how many more messages the stream may take (at least 0).
-func (f *flow) room() int64 {
-	if f.maxBytes > 0 && f.bytes >= f.maxBytes {
-		return 0
-	}
-	return max(f.maxMsgs-f.msgs, 0)
-}
-
 // keyState is one ordering key's place in a subscription: at most one of
 // its messages is out (or waiting out a backoff) at a time; the rest wait
 // in FIFO order. Owned by subRuntime.mu.
@@ -301,10 +273,7 @@ func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time
 	l.gen++
 	l.state = leaseOut
 	l.flow = f
-	if f != nil {
-		f.msgs++
-		f.bytes += l.bytes
-	}
+	f.take(l)
 	r.setDeadlineLocked(l, now.Add(deadline))
 	rm := &pubsubpb.ReceivedMessage{
 		AckId:   ackID(l.d.LeaseID, l.gen),
@@ -351,11 +320,12 @@ func (r *subRuntime) lookupLocked(id string) *lease {
 	return l
 }
 
-// forgetLocked removes a settled lease and lets its key move on.
-func (r *subRuntime) forgetLocked(l *lease) {
+// forgetLocked removes a settled lease and lets its key move on. heard
+// is true when the client settled it (ack, nack), false when it expired.
+func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 	r.unheapLocked(l)
 	delete(r.leases, l.d.LeaseID)
-	l.flow.release(l)
+	l.flow.release(l, heard)
 	l.flow = nil
 	if l.key != "" {
 		if ks := r.keys[l.key]; ks != nil && ks.head == l {
@@ -384,7 +354,7 @@ func (r *subRuntime) ack(ids []string) {
 	r.mu.Lock()
 	for _, id := range ids {
 		if l := r.lookupLocked(id); l != nil {
-			r.forgetLocked(l)
+			r.forgetLocked(l, true)
 			settled = append(settled, l.d.LeaseID)
 		}
 	}
@@ -473,7 +443,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 			// copy is stored.
 			r.unheapLocked(l)
 			l.state = leasePending
-			l.flow.release(l)
+			l.flow.release(l, !expired)
 			l.flow = nil
 			dead = append(dead, l)
 			continue
@@ -482,7 +452,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		if l.key != "" {
 			// Ordered: redeliver in place so that the key's later
 			// messages stay behind it.
-			l.flow.release(l)
+			l.flow.release(l, !expired)
 			l.flow = nil
 			l.attempt++
 			l.gen++ // the failed hand-out's ack id is now stale
@@ -498,7 +468,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 			}
 			continue
 		}
-		r.forgetLocked(l)
+		r.forgetLocked(l, !expired)
 		nacks = append(nacks, nack{l.d.LeaseID, delay})
 	}
 	r.mu.Unlock()
@@ -574,7 +544,7 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease) {
 	for i, l := range ls {
 		ids[i] = l.d.LeaseID
 		if r.leases[l.d.LeaseID] == l {
-			r.forgetLocked(l)
+			r.forgetLocked(l, false)
 		}
 	}
 	r.mu.Unlock()
@@ -638,7 +608,7 @@ func (r *subRuntime) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, l := range r.leases {
-		l.flow.release(l)
+		l.flow.release(l, false)
 	}
 	r.leases = map[string]*lease{}
 	r.heap = nil

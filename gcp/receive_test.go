@@ -434,7 +434,9 @@ func TestStreamFlowControl(t *testing.T) {
 		t.Fatalf("a 4th message arrived with 3 outstanding: %v", m)
 	case <-time.After(500 * time.Millisecond):
 	}
-	// Ack one through the unary RPC: one more may come.
+	// Ack one through the unary RPC: its credit comes back, and the ack
+	// counts as "in transit" for a quarter second (flow.go), so one or two
+	// more may come, and then no more while nothing else is acked.
 	if _, err := sc.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(sid), AckIds: []string{held[0].AckId}}); err != nil {
 		t.Fatal(err)
 	}
@@ -443,10 +445,17 @@ func TestStreamFlowControl(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no message after the ack freed credit")
 	}
-	select {
-	case m := <-msgs:
-		t.Fatalf("more than the freed credit arrived: %v", m)
-	case <-time.After(300 * time.Millisecond):
+	extra := 0
+	for done := false; !done; {
+		select {
+		case <-msgs:
+			extra++
+		case <-time.After(time.Second):
+			done = true
+		}
+	}
+	if extra > 1 {
+		t.Fatalf("%d messages beyond the freed credit and the one ack in transit", extra)
 	}
 }
 

@@ -50,7 +50,7 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	} else {
 		deadline.Store(int64(e.proto.GetAckDeadlineSeconds()) * int64(time.Second))
 	}
-	f := &flow{maxMsgs: first.GetMaxOutstandingMessages(), maxBytes: first.GetMaxOutstandingBytes(), changed: make(chan struct{}, 1)}
+	f := newFlow(first.GetMaxOutstandingMessages(), first.GetMaxOutstandingBytes())
 	if f.maxMsgs <= 0 {
 		f.maxMsgs = int64(s.cfg.MaxOutstandingMessages)
 	}
@@ -150,25 +150,26 @@ func applyStreamRequest(rt *subRuntime, req *pubsubpb.StreamingPullRequest) {
 	}
 }
 
+// sendLoop sends what fetchLoop leases, one batch behind it: while a
+// batch is on its way to the client the next Fetch already waits in the
+// engine, so its poller keeps draining instead of idling during the send.
 func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_StreamingPullServer, rt *subRuntime, f *flow, deadline *atomic.Int64) error {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan fetched, 1)
+	go p.fetchLoop(fctx, rt, f, deadline, batches)
 	for {
-		rt.mu.Lock()
-		room := f.room()
-		rt.mu.Unlock()
-		if room <= 0 {
-			select {
-			case <-f.changed:
-				continue
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		var b fetched
+		select {
+		case b = <-batches:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		msgs, err := rt.fetch(ctx, int(min(room, maxStreamBatch)), f, time.Duration(deadline.Load()))
-		if err != nil {
-			return err
+		if b.err != nil {
+			return b.err
 		}
 		e := rt.entry()
-		resp := &pubsubpb.StreamingPullResponse{ReceivedMessages: msgs}
+		resp := &pubsubpb.StreamingPullResponse{ReceivedMessages: b.msgs}
 		if e != nil {
 			resp.SubscriptionProperties = &pubsubpb.StreamingPullResponse_SubscriptionProperties{
 				MessageOrderingEnabled: e.proto.GetEnableMessageOrdering(),
@@ -179,8 +180,45 @@ func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_St
 			}
 		}
 		if err := stream.Send(resp); err != nil {
-			// The messages stay leased until their deadline, as on Google.
+			// The messages stay leased until their deadline, as on Google
+			// (and so do those fetched ahead).
 			return err
+		}
+	}
+}
+
+// fetched is one batch leased for a stream, or the error that ends it.
+type fetched struct {
+	msgs []*pubsubpb.ReceivedMessage
+	err  error
+}
+
+// fetchLoop leases batches within the stream's flow control and hands them
+// to sendLoop; it ends with ctx or after handing over an error.
+func (p *subscriber) fetchLoop(ctx context.Context, rt *subRuntime, f *flow, deadline *atomic.Int64, out chan<- fetched) {
+	for {
+		rt.mu.Lock()
+		room := f.room(time.Now())
+		rt.mu.Unlock()
+		if room <= 0 {
+			select {
+			case <-f.changed:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		msgs, err := rt.fetch(ctx, int(min(room, maxStreamBatch)), f, time.Duration(deadline.Load()))
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		select {
+		case out <- fetched{msgs, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
 		}
 	}
 }

@@ -9,10 +9,13 @@
 //
 //  1. The poll loop runs while some Fetch is waiting. It asks QueuesInfo how many messages wait,
 //     Gets min(waiting, demand, MaxBatch) of them (or 1 with the 1 s minimum wait when none
-//     wait, so a lone message returns at once), and deduplicates sequences.
+//     wait, so a lone message returns at once), and deduplicates sequences. While the last
+//     count minus what was taken since still covers the next Get (a backlog draining), it skips
+//     QueuesInfo and the Sync that protects it (at least every 16 batches it syncs anyway).
 //  2. For the whole batch it stores ONE lease record (a delayed copy, DelaySeconds =
 //     RecordDelay, unique MessageID) holding every message of the batch, retrying until stored;
-//     only then AckAll, then Sync (a barrier, so the next QueuesInfo no longer counts the batch).
+//     only then AckAll, then Sync (a barrier, so the next QueuesInfo no longer counts the batch;
+//     skipped as said above while a backlog drains).
 //     If the record cannot be stored the transaction is closed by the client and the messages
 //     go back to the queue undelivered.
 //  3. The messages become leases and are handed to Fetch callers in FIFO order.

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
@@ -46,14 +47,17 @@ func frame(dst []byte, typ byte, payload []byte) []byte {
 }
 
 // frameMessage appends one framed record whose payload is m's encoding, marshalled in place
-// (no intermediate buffer). size must be proto.Size(m), computed just before.
-func frameMessage(dst []byte, typ byte, m proto.Message, size int) []byte {
+// (no intermediate buffer; without reflection for the stored message types).
+func frameMessage(dst []byte, typ byte, m proto.Message) []byte {
 	start := len(dst)
 	var h [frameHeader]byte
-	binary.LittleEndian.PutUint32(h[0:4], uint32(1+size))
 	h[8] = typ
 	dst = append(dst, h[:]...)
-	dst, _ = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(dst, m)
+	var ok bool
+	if dst, ok = fastpb.Marshal(dst, m); !ok {
+		dst, _ = proto.MarshalOptions{}.MarshalAppend(dst, m)
+	}
+	binary.LittleEndian.PutUint32(dst[start:start+4], uint32(len(dst)-start-8))
 	c := crc32.Update(0, castagnoli, dst[start+8:])
 	binary.LittleEndian.PutUint32(dst[start+4:start+8], c)
 	return dst

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -168,7 +169,7 @@ func New(opts Options) (*Server, error) {
 		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log)),
 		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
-		grpc.ForceServerCodecV2(wirecodec.Codec()),
+		grpc.ForceServerCodecV2(wirecodec.CodecWith(wirecodec.Fast{Marshal: fastpb.Marshal, SizeHint: fastpb.SizeHint, Unmarshal: fastpb.Unmarshal})),
 		experimental.BufferPool(wirecodec.Pool()),
 		// Pipelining clients (a stream of events, batches in flight) would otherwise wait for
 		// window updates every 64 KiB; fixed windows also skip BDP probing pings.

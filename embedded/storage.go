@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
@@ -138,9 +139,12 @@ func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32)
 
 // appendMessage is append with m's encoding as the payload, marshalled straight into the batch.
 func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (uint64, uint32) {
-	size := proto.Size(m)
+	size := fastpb.SizeHint(m)
+	if size == 0 {
+		size = proto.Size(m)
+	}
 	return st.appendFrame(int64(frameHeader+size), live, func(dst []byte) []byte {
-		return frameMessage(dst, typ, m, size)
+		return frameMessage(dst, typ, m)
 	})
 }
 

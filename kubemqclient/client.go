@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -145,7 +146,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 			grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
 			// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
-			grpc.ForceCodecV2(wirecodec.Codec()),
+			grpc.ForceCodecV2(wirecodec.CodecWith(wirecodec.Fast{Marshal: fastpb.Marshal, SizeHint: fastpb.SizeHint, Unmarshal: fastpb.Unmarshal})),
 		),
 		experimental.WithBufferPool(wirecodec.Pool()),
 		// Detect a dead server on idle long-lived streams.

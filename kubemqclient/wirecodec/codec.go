@@ -23,15 +23,41 @@ import (
 // Codec returns the codec; it is safe for concurrent use and shared.
 func Codec() encoding.CodecV2 { return codec{} }
 
+// Fast is an encoder and decoder for some message types that are tried
+// before protobuf's own (kubemqclient/fastpb).
+type Fast struct {
+	// Marshal appends the encoding of v to b when it can (ok false, b
+	// unchanged, otherwise); SizeHint returns at least the size it needs,
+	// 0 for a message Marshal does not encode.
+	Marshal  func(b []byte, v any) ([]byte, bool)
+	SizeHint func(v any) int
+	// Unmarshal decodes b into v when it can; false leaves it to protobuf.
+	// It must not keep references to b.
+	Unmarshal func(b []byte, v any) bool
+}
+
+// CodecWith returns the codec with fast paths.
+func CodecWith(f Fast) encoding.CodecV2 { return codec{fast: &f} }
+
 // Pool returns the buffer pool the codec uses, for grpc's transport
 // options (experimental.BufferPool, experimental.WithBufferPool).
 func Pool() mem.BufferPool { return pool }
 
-type codec struct{}
+type codec struct{ fast *Fast }
 
 func (codec) Name() string { return "proto" }
 
-func (codec) Marshal(v any) (mem.BufferSlice, error) {
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if c.fast != nil {
+		if n := c.fast.SizeHint(v); n > 0 {
+			buf := pool.Get(n)
+			if out, ok := c.fast.Marshal((*buf)[:0], v); ok {
+				*buf = out
+				return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+			}
+			pool.Put(buf)
+		}
+	}
 	m := messageOf(v)
 	if m == nil {
 		return nil, fmt.Errorf("proto: failed to marshal, message is %T, want proto.Message", v)
@@ -57,13 +83,16 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
-func (codec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	m := messageOf(v)
 	if m == nil {
 		return fmt.Errorf("proto: failed to unmarshal, message is %T, want proto.Message", v)
 	}
 	buf := data.MaterializeToBuffer(pool)
 	defer buf.Free()
+	if c.fast != nil && c.fast.Unmarshal(buf.ReadOnlyData(), v) {
+		return nil
+	}
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
 }
 

@@ -61,3 +61,50 @@ func TestClasses(t *testing.T) {
 		t.Fatalf("class 300 gave cap %d", cap(*g))
 	}
 }
+
+func TestCodecWithFastPaths(t *testing.T) {
+	var marshals, unmarshals int
+	c := CodecWith(Fast{
+		Marshal: func(b []byte, v any) ([]byte, bool) {
+			if m, ok := v.(*wrapperspb.StringValue); ok && m.Value == "fast" {
+				marshals++
+				return append(b, 0x0a, 4, 'f', 'a', 's', 't'), true
+			}
+			return b, false
+		},
+		SizeHint: func(v any) int {
+			if _, ok := v.(*wrapperspb.StringValue); ok {
+				return 16
+			}
+			return 0
+		},
+		Unmarshal: func(b []byte, v any) bool {
+			if m, ok := v.(*wrapperspb.StringValue); ok && len(b) == 6 {
+				unmarshals++
+				m.Value = "decoded fast"
+				return true
+			}
+			return false
+		},
+	})
+	for _, in := range []string{"fast", "slow path"} {
+		data, err := c.Marshal(wrapperspb.String(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out wrapperspb.StringValue
+		if err := c.Unmarshal(data, &out); err != nil {
+			t.Fatal(err)
+		}
+		want := in
+		if in == "fast" {
+			want = "decoded fast"
+		}
+		if out.Value != want {
+			t.Fatalf("%q came back %q", in, out.Value)
+		}
+	}
+	if marshals != 1 || unmarshals != 1 {
+		t.Fatalf("fast paths used %d/%d times, want 1/1", marshals, unmarshals)
+	}
+}

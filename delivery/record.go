@@ -116,9 +116,13 @@ func appendStr(b []byte, s string) []byte {
 // that gets a record of its own).
 type recordWriter struct {
 	maxBytes int
+	expect   int // bytes still expected (reserve), so a body is allocated once, not grown
 	bodies   [][]byte
 	cur      []byte
 }
+
+// reserve announces about n more bytes of entries.
+func (w *recordWriter) reserve(n int) { w.expect += n }
 
 func (w *recordWriter) add(e *recordEntry) {
 	w.addRaw(nil, e)
@@ -136,8 +140,9 @@ func (w *recordWriter) addRaw(raw []byte, e *recordEntry) {
 		w.cur = nil
 	}
 	if w.cur == nil {
-		w.cur = make([]byte, 0, min(max(n, w.maxBytes), max(n, 64<<10)))
+		w.cur = make([]byte, 0, min(max(n, w.maxBytes), max(n, w.expect, 64<<10)))
 	}
+	w.expect = max(w.expect-n, 0)
 	if raw != nil {
 		w.cur = append(w.cur, raw...)
 	} else {

@@ -22,6 +22,9 @@ func Unmarshal(b []byte, v any) bool {
 	case *kubemqpb.QueueMessagesBatchRequest:
 		m.Reset()
 		return decodeBatch(b, m)
+	case *kubemqpb.QueuesDownstreamResponse:
+		m.Reset()
+		return decodeDownstreamResponse(b, m)
 	}
 	return false
 }
@@ -276,6 +279,48 @@ func decodePolicy(b []byte, p *kubemqpb.QueueMessagePolicy) bool {
 			p.MaxReceiveCount = int32(v)
 		case 4:
 			p.MaxReceiveQueue, ok = f.str()
+		default:
+			return false
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeDownstreamResponse leaves ActiveOffsets (rare, packed or not) to
+// protobuf.
+func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bool {
+	for len(b) > 0 {
+		f, rest, ok := next(b)
+		if !ok {
+			return false
+		}
+		b = rest
+		var v uint64
+		switch f.num {
+		case 1:
+			m.TransactionId, ok = f.str()
+		case 2:
+			m.RefRequestId, ok = f.str()
+		case 3:
+			v, ok = f.varint()
+			m.RequestTypeData = kubemqpb.QueuesDownstreamRequestType(int32(v))
+		case 4:
+			q := &kubemqpb.QueueMessage{}
+			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q)
+			m.Messages = append(m.Messages, q)
+		case 6:
+			v, ok = f.varint()
+			m.IsError = v != 0
+		case 7:
+			m.Error, ok = f.str()
+		case 8:
+			v, ok = f.varint()
+			m.TransactionComplete = v != 0
+		case 9:
+			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Metadata)
 		default:
 			return false
 		}

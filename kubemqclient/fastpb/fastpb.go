@@ -32,6 +32,8 @@ func Marshal(b []byte, v any) ([]byte, bool) {
 		return AppendQueueMessage(b, m)
 	case *kubemqpb.QueueMessagesBatchRequest:
 		return AppendQueueMessagesBatchRequest(b, m)
+	case *kubemqpb.QueuesDownstreamResponse:
+		return AppendQueuesDownstreamResponse(b, m)
 	}
 	return b, false
 }
@@ -52,6 +54,8 @@ func SizeHint(v any) int {
 			n += sizeMsg(2, sizeQueueMessage(q))
 		}
 		return n
+	case *kubemqpb.QueuesDownstreamResponse:
+		return sizeDownstreamResponse(m)
 	}
 	return 0
 }
@@ -297,4 +301,65 @@ func AppendQueueMessagesBatchRequest(b []byte, m *kubemqpb.QueueMessagesBatchReq
 		b = appendQueueMessage(b, q)
 	}
 	return b, true
+}
+
+func sizePacked(num protowire.Number, vs []int64) int {
+	if len(vs) == 0 {
+		return 0
+	}
+	n := 0
+	for _, v := range vs {
+		n += protowire.SizeVarint(uint64(v))
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
+
+func sizeDownstreamResponse(m *kubemqpb.QueuesDownstreamResponse) int {
+	n := sizeStr(1, m.TransactionId) + sizeStr(2, m.RefRequestId) + sizeVarint(3, uint64(int64(m.RequestTypeData))) +
+		sizePacked(5, m.ActiveOffsets) + sizeStr(7, m.Error) + sizeTags(9, m.Metadata)
+	for _, q := range m.Messages {
+		n += sizeMsg(4, sizeQueueMessage(q))
+	}
+	if m.IsError {
+		n += 2
+	}
+	if m.TransactionComplete {
+		n += 2
+	}
+	return n
+}
+
+// AppendQueuesDownstreamResponse appends the encoding of m.
+func AppendQueuesDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) ([]byte, bool) {
+	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.TransactionId, m.RefRequestId, m.Error) || !validTags(m.Metadata) {
+		return b, false
+	}
+	for _, q := range m.Messages {
+		if !queueMessageOK(q) {
+			return b, false
+		}
+	}
+	b = appendStr(b, 1, m.TransactionId)
+	b = appendStr(b, 2, m.RefRequestId)
+	b = appendVarint(b, 3, uint64(int64(m.RequestTypeData)))
+	for _, q := range m.Messages {
+		b = protowire.AppendTag(b, 4, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(sizeQueueMessage(q)))
+		b = appendQueueMessage(b, q)
+	}
+	if len(m.ActiveOffsets) > 0 {
+		n := 0
+		for _, v := range m.ActiveOffsets {
+			n += protowire.SizeVarint(uint64(v))
+		}
+		b = protowire.AppendTag(b, 5, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(n))
+		for _, v := range m.ActiveOffsets {
+			b = protowire.AppendVarint(b, uint64(v))
+		}
+	}
+	b = appendBool(b, 6, m.IsError)
+	b = appendStr(b, 7, m.Error)
+	b = appendBool(b, 8, m.TransactionComplete)
+	return appendTags(b, 9, m.Metadata), true
 }

@@ -81,13 +81,28 @@ func randQueueMessage(r *rand.Rand) *kubemqpb.QueueMessage {
 	return m
 }
 
+func randDownstream(r *rand.Rand) *kubemqpb.QueuesDownstreamResponse {
+	d := &kubemqpb.QueuesDownstreamResponse{TransactionId: randStr(r), RefRequestId: randStr(r),
+		RequestTypeData: kubemqpb.QueuesDownstreamRequestType(r.IntN(12)), IsError: r.IntN(2) == 0, Error: randStr(r),
+		TransactionComplete: r.IntN(2) == 0, Metadata: randTags(r)}
+	for range r.IntN(4) {
+		d.Messages = append(d.Messages, randQueueMessage(r))
+	}
+	if r.IntN(3) == 0 {
+		for range r.IntN(5) {
+			d.ActiveOffsets = append(d.ActiveOffsets, randInt(r))
+		}
+	}
+	return d
+}
+
 // TestRoundTrip: what Marshal writes, proto.Unmarshal reads back equal, and
 // SizeHint is exact (nested lengths depend on it).
 func TestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for i := range 2000 {
+	for i := range 2500 {
 		var in, out proto.Message
-		switch i % 4 {
+		switch i % 5 {
 		case 0:
 			in = &kubemqpb.Event{EventID: randStr(r), ClientID: randStr(r), Channel: randStr(r), Metadata: randStr(r),
 				Body: randBytes(r), Store: r.IntN(2) == 0, Tags: randTags(r)}
@@ -105,6 +120,8 @@ func TestRoundTrip(t *testing.T) {
 				b.Messages = append(b.Messages, randQueueMessage(r))
 			}
 			in, out = b, &kubemqpb.QueueMessagesBatchRequest{}
+		case 4:
+			in, out = randDownstream(r), &kubemqpb.QueuesDownstreamResponse{}
 		}
 		enc, ok := Marshal([]byte("prefix"), in)
 		if !ok {
@@ -154,9 +171,13 @@ func TestRefusals(t *testing.T) {
 // protobuf write, and declines what it does not know.
 func TestDecode(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for i := range 2000 {
+	for i := range 3000 {
 		var in, out proto.Message
-		if i%2 == 0 {
+		if i%3 == 2 {
+			d := randDownstream(r)
+			d.ActiveOffsets = nil // left to protobuf
+			in, out = d, &kubemqpb.QueuesDownstreamResponse{Error: "stale"}
+		} else if i%3 == 0 {
 			in = &kubemqpb.Event{EventID: randStr(r), ClientID: randStr(r), Channel: randStr(r), Metadata: randStr(r),
 				Body: randBytes(r), Store: r.IntN(2) == 0, Tags: randTags(r)}
 			out = &kubemqpb.Event{Channel: "stale", Tags: map[string]string{"stale": "x"}}
@@ -215,10 +236,17 @@ func FuzzDecode(f *testing.F) {
 		enc, _ = proto.Marshal(&kubemqpb.Event{Channel: randStr(r), Tags: randTags(r), Body: randBytes(r)})
 		f.Add(enc, false)
 	}
+	for range 4 {
+		enc, _ := proto.Marshal(randDownstream(r))
+		f.Add(enc, true)
+	}
 	f.Fuzz(func(t *testing.T, b []byte, batch bool) {
 		var fast, std proto.Message = &kubemqpb.Event{}, &kubemqpb.Event{}
 		if batch {
 			fast, std = &kubemqpb.QueueMessagesBatchRequest{}, &kubemqpb.QueueMessagesBatchRequest{}
+		}
+		if len(b) > 0 && b[0]%3 == 0 {
+			fast, std = &kubemqpb.QueuesDownstreamResponse{}, &kubemqpb.QueuesDownstreamResponse{}
 		}
 		if !Unmarshal(b, fast) {
 			return

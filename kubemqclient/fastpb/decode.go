@@ -84,8 +84,29 @@ func (f field) bytes() ([]byte, bool) {
 
 func (f field) varint() (uint64, bool) { return f.n, f.typ == protowire.VarintType }
 
+// keys interns tag keys within one decode: the messages of a batch share
+// theirs (the proxy's reserved tags), and each would otherwise hold its own
+// copies for as long as it is leased.
+type keys []string
+
+func (ks *keys) get(b []byte) (string, bool) {
+	for _, k := range *ks {
+		if k == string(b) { // no allocation for the comparison
+			return k, true
+		}
+	}
+	if !utf8.Valid(b) {
+		return "", false
+	}
+	k := string(b)
+	if len(*ks) < 16 {
+		*ks = append(*ks, k)
+	}
+	return k, true
+}
+
 // mapEntry decodes one map<string,string> entry into tags.
-func mapEntry(b []byte, tags *map[string]string) bool {
+func mapEntry(b []byte, tags *map[string]string, ks *keys) bool {
 	var k, v string
 	for len(b) > 0 {
 		f, rest, ok := next(b)
@@ -95,7 +116,10 @@ func mapEntry(b []byte, tags *map[string]string) bool {
 		b = rest
 		switch f.num {
 		case 1:
-			if k, ok = f.str(); !ok {
+			if f.typ != protowire.BytesType {
+				return false
+			}
+			if k, ok = ks.get(f.val); !ok {
 				return false
 			}
 		case 2:
@@ -136,7 +160,8 @@ func decodeEvent(b []byte, m *kubemqpb.Event) bool {
 			v, ok = f.varint()
 			m.Store = v != 0
 		case 7:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags)
+			var ks keys
+			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags, &ks)
 		default:
 			return false
 		}
@@ -148,6 +173,7 @@ func decodeEvent(b []byte, m *kubemqpb.Event) bool {
 }
 
 func decodeBatch(b []byte, m *kubemqpb.QueueMessagesBatchRequest) bool {
+	var ks keys
 	for len(b) > 0 {
 		f, rest, ok := next(b)
 		if !ok {
@@ -159,7 +185,7 @@ func decodeBatch(b []byte, m *kubemqpb.QueueMessagesBatchRequest) bool {
 			m.BatchID, ok = f.str()
 		case 2:
 			q := &kubemqpb.QueueMessage{}
-			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q)
+			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q, &ks)
 			m.Messages = append(m.Messages, q)
 		default:
 			return false
@@ -171,7 +197,7 @@ func decodeBatch(b []byte, m *kubemqpb.QueueMessagesBatchRequest) bool {
 	return true
 }
 
-func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage) bool {
+func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *keys) bool {
 	for len(b) > 0 {
 		f, rest, ok := next(b)
 		if !ok {
@@ -191,7 +217,7 @@ func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage) bool {
 		case 5:
 			m.Body, ok = f.bytes()
 		case 6:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags)
+			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags, ks)
 		case 7:
 			if m.Attributes == nil {
 				m.Attributes = &kubemqpb.QueueMessageAttributes{}
@@ -292,6 +318,7 @@ func decodePolicy(b []byte, p *kubemqpb.QueueMessagePolicy) bool {
 // decodeDownstreamResponse leaves ActiveOffsets (rare, packed or not) to
 // protobuf.
 func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bool {
+	var ks keys
 	for len(b) > 0 {
 		f, rest, ok := next(b)
 		if !ok {
@@ -309,7 +336,7 @@ func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bo
 			m.RequestTypeData = kubemqpb.QueuesDownstreamRequestType(int32(v))
 		case 4:
 			q := &kubemqpb.QueueMessage{}
-			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q)
+			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q, &ks)
 			m.Messages = append(m.Messages, q)
 		case 6:
 			v, ok = f.varint()
@@ -320,7 +347,7 @@ func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bo
 			v, ok = f.varint()
 			m.TransactionComplete = v != 0
 		case 9:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Metadata)
+			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Metadata, &ks)
 		default:
 			return false
 		}

@@ -14,7 +14,13 @@ package gcp_test
 // execution trace of the measured phase of a proxy benchmark.
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"runtime/debug"
 
 	"os"
 	"runtime"
@@ -29,6 +35,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -37,6 +44,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
 
+	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/gcp"
 )
 
@@ -248,16 +256,23 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-// BenchmarkLeasedRSS: the process's resident memory with 100k messages
-// leased by one stream (proxy, client and embedded KubeMQ in one process).
+// BenchmarkLeasedRSS: the proxy's resident memory with 100k messages
+// leased by one stream. The embedded KubeMQ runs in a child process (this
+// test binary, TestHelperKubeMQ), so the figure is the proxy's plus a raw
+// client's that keeps nothing; base-RSS is the same process before the
+// stream, leased-MiB the difference.
 func BenchmarkLeasedRSS(b *testing.B) {
 	const n = 100_000
-	e := startEnv(b, withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 2 * n }))
+	addr := startKubeMQChild(b)
+	e := startEnv(b, withKubeMQ(addr), withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 2 * n }))
 	c := benchClient(b, e.addr, e.project)
 	topicID, subID := benchTopology(b, c, e.project)
 	publishAll(b, c, topicID, n)
 	b.ResetTimer()
 	for range b.N {
+		runtime.GC()
+		debug.FreeOSMemory()
+		base := rssBytes()
 		ctx, cancel := context.WithCancel(context.Background())
 		stream, err := rawSubscriber(b, e).StreamingPull(ctx)
 		if err != nil {
@@ -274,12 +289,69 @@ func BenchmarkLeasedRSS(b *testing.B) {
 			got += len(resp.ReceivedMessages)
 		}
 		runtime.GC()
-		b.ReportMetric(float64(rssBytes())/(1<<20), "RSS-MiB")
+		rss := rssBytes()
+		if fn := os.Getenv("BENCH_HEAPPROFILE"); fn != "" {
+			if f, err := os.Create(fn); err == nil {
+				pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}
+		b.ReportMetric(float64(rss)/(1<<20), "RSS-MiB")
+		b.ReportMetric(float64(base)/(1<<20), "base-RSS-MiB")
+		b.ReportMetric(float64(rss-base)/(1<<20), "leased-MiB")
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
 		cancel()
 	}
+}
+
+// TestHelperKubeMQ is the child process of BenchmarkLeasedRSS: an embedded
+// KubeMQ on a data dir, serving until its stdin closes.
+func TestHelperKubeMQ(t *testing.T) {
+	dir := os.Getenv("GCP_HELPER_KUBEMQ_DIR")
+	if dir == "" {
+		t.Skip("helper process for BenchmarkLeasedRSS")
+	}
+	srv, err := embedded.New(embedded.Options{DataDir: dir, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	fmt.Println("ADDR", lis.Addr().String())
+	io.Copy(io.Discard, os.Stdin)
+	srv.Close()
+}
+
+func startKubeMQChild(b *testing.B) string {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKubeMQ$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "GCP_HELPER_KUBEMQ_DIR="+b.TempDir())
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if addr, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
+			go io.Copy(io.Discard, out)
+			return addr
+		}
+	}
+	b.Fatal("the KubeMQ child process did not start")
+	return ""
 }
 
 // profileProxy writes a CPU profile ($BENCH_CPUPROFILE) or an execution

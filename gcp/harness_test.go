@@ -55,6 +55,8 @@ type envConfig struct {
 	// relay puts a TCP relay the test can cut between the proxy's KubeMQ
 	// client and the server; the readiness gate then follows the client.
 	relay bool
+	// kubemq is the address of a KubeMQ server to use ("" = the usual).
+	kubemq string
 }
 
 type envOption func(*envConfig)
@@ -69,6 +71,9 @@ func withDelivery(o delivery.Options) envOption {
 	return func(c *envConfig) { c.delivery = o }
 }
 
+// withKubeMQ uses the KubeMQ server at addr.
+func withKubeMQ(addr string) envOption { return func(c *envConfig) { c.kubemq = addr } }
+
 // withRelay puts a cuttable TCP relay in front of KubeMQ.
 func withRelay() envOption { return func(c *envConfig) { c.relay = true } }
 
@@ -80,7 +85,12 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	}
 	var kaddr string
 	log := zaptest.NewLogger(t)
-	if _, bench := t.(*testing.B); bench {
+	if cfg.kubemq != "" {
+		kaddr = cfg.kubemq
+		if _, bench := t.(*testing.B); bench {
+			log = zap.NewNop()
+		}
+	} else if _, bench := t.(*testing.B); bench {
 		// Benchmarks measure the proxy, not debug logging; the backend
 		// runs as in production (persistent, not strict).
 		log = zap.NewNop()

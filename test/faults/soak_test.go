@@ -109,8 +109,9 @@ func runSoak(t *testing.T, d time.Duration) {
 		time.Sleep(soakFaultEvery / 2)
 		f := rotation[i%len(rotation)]
 		faultEnd := f.inject(t, r)
-		waitRecovered(t, r, faultEnd)
+		ps, am := waitRecovered(t, r, faultEnd)
 		injected = append(injected, f.name)
+		t.Logf("soak: %s at %v; first ack/delivery after it: pubsub %v, amqp %v", f.name, faultEnd.Sub(began).Round(time.Second), ps, am)
 		time.Sleep(time.Until(began.Add(time.Duration(i+1) * soakFaultEvery)))
 	}
 	time.Sleep(time.Until(end))
@@ -123,8 +124,8 @@ func runSoak(t *testing.T, d time.Duration) {
 	time.Sleep(soakAfterWindow)
 	samples := smp.Stop()
 
-	checkLedger(t, "Soak", r.ps.led, 0, strings.Join(injected, ","))
-	checkLedger(t, "Soak", r.am.led, 0, strings.Join(injected, ","))
+	checkLedger(t, "Soak", r.ps.led, recovery{}, strings.Join(injected, ","))
+	checkLedger(t, "Soak", r.am.led, recovery{}, strings.Join(injected, ","))
 	checkSoakStats(t, samples)
 	e.stop()
 	t.Logf("soak: %v of load with %d faults (%s), run took %v", d, len(injected), strings.Join(injected, ", "), time.Since(began).Round(time.Second))

@@ -111,6 +111,8 @@ type Server struct {
 	start time.Time
 	store *logStore // nil in memory
 
+	inproc inProcess // DialInProcess
+
 	// ctx is cancelled by Stop: every stream handler and background goroutine watches it.
 	ctx    context.Context
 	cancel context.CancelFunc

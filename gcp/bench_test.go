@@ -11,7 +11,9 @@ package gcp_test
 // process's CPU time per message (client, server and embedded KubeMQ
 // together), which varies less than wall time on a shared machine.
 // $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile or an
-// execution trace of the measured phase of a proxy benchmark.
+// execution trace of the measured phase of a proxy benchmark;
+// $BENCH_INPROCESS=1 reaches the embedded KubeMQ through memory
+// (embedded.Server.DialInProcess) instead of loopback TCP.
 
 import (
 	"bufio"

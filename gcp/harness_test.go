@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,7 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		o(&cfg)
 	}
 	var kaddr string
+	var inproc grpc.DialOption // nil: TCP
 	log := zaptest.NewLogger(t)
 	if cfg.kubemq != "" {
 		kaddr = cfg.kubemq
@@ -94,9 +96,18 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		// Benchmarks measure the proxy, not debug logging; the backend
 		// runs as in production (persistent, not strict).
 		log = zap.NewNop()
-		if kubemqtest.External() {
+		switch {
+		case kubemqtest.External():
 			kaddr = kubemqtest.Address(t)
-		} else {
+		case os.Getenv("BENCH_INPROCESS") != "":
+			// The embedded server reached through memory (DialInProcess).
+			srv, err := embedded.New(embedded.Options{DataDir: t.TempDir(), Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			kaddr, inproc = "passthrough:///embedded", grpc.WithContextDialer(srv.DialInProcess)
+		default:
 			kaddr, _ = kubemqtest.StartEmbedded(t, embedded.Options{DataDir: t.TempDir(), Logger: log})
 		}
 	} else {
@@ -109,7 +120,11 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"),
+	var dialOpts []grpc.DialOption
+	if inproc != nil {
+		dialOpts = append(dialOpts, inproc)
+	}
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"), DialOptions: dialOpts,
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -46,6 +46,9 @@ type env struct {
 	log     *zap.Logger
 	cfg     envConfig
 	relay   *relay // between the proxy's KubeMQ client and the server, when asked for
+	// dialKubeMQ opens another client to the env's KubeMQ (a replica of
+	// its own); closed at cleanup.
+	dialKubeMQ func() *kubemqclient.Client
 	stop    func() // stops the current replica
 }
 
@@ -118,23 +121,28 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		rl = startRelay(t, kaddr)
 		kaddr = rl.addr
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	var dialOpts []grpc.DialOption
 	if inproc != nil {
 		dialOpts = append(dialOpts, inproc)
 	}
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"), DialOptions: dialOpts,
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { kc.Close() })
-	if err := kc.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 	suffix := randSuffix()
-	e := &env{t: t, kc: kc, project: "proj-" + suffix, suffix: suffix, log: log, cfg: cfg, relay: rl}
+	e := &env{t: t, project: "proj-" + suffix, suffix: suffix, log: log, cfg: cfg, relay: rl}
+	e.dialKubeMQ = func() *kubemqclient.Client {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"), DialOptions: dialOpts,
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { kc.Close() })
+		if err := kc.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return kc
+	}
+	e.kc = e.dialKubeMQ()
 	e.addr, e.srv, e.stop = e.startReplica()
 	t.Cleanup(func() { e.stop() })
 	return e

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
 // TestRestartKeepsTopologyAndMessages: a new proxy process on the same
@@ -45,5 +47,48 @@ func TestRestartKeepsTopologyAndMessages(t *testing.T) {
 		if !got[id] {
 			t.Fatalf("message %s lost across the restart", id)
 		}
+	}
+}
+
+// TestCrashRedeliveryAfterAckDeadline: the lease records carry the
+// subscription's ack deadline, so when the proxy holding a lease dies
+// another one redelivers the message once the deadline (plus the record
+// delay) has passed: not earlier, while the lease could still be honoured,
+// and not at the engine's own hold time.
+func TestCrashRedeliveryAfterAckDeadline(t *testing.T) {
+	e := startEnv(t, withDelivery(delivery.Options{RecordDelay: time.Second}))
+	ctx := ctxT(t, 90*time.Second)
+	tid, sid := e.id("t"), e.id("s")
+	e.createTopic(ctx, tid)
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid), AckDeadlineSeconds: 12})
+
+	// Replica A, on a KubeMQ connection of its own, leases the message...
+	shared, own := e.kc, e.dialKubeMQ()
+	e.kc = own
+	addrA, _, stopA := e.startReplica()
+	e.kc = shared
+	t.Cleanup(stopA)
+	ids := publishN(t, ctx, e.v2(), tid, 1, "")
+	a := rawSubscriber(t, &env{addr: addrA})
+	var leased []*pubsubpb.ReceivedMessage
+	for len(leased) == 0 {
+		leased = pull(t, ctx, a, e.subName(sid), 1)
+	}
+	start := time.Now()
+	// ...and dies: it can no longer settle, give back or re-arm anything.
+	own.Close()
+
+	b := rawSubscriber(t, e)
+	var got []*pubsubpb.ReceivedMessage
+	for len(got) == 0 {
+		got = pull(t, ctx, b, e.subName(sid), 1)
+	}
+	took := time.Since(start)
+	if got[0].Message.MessageId != ids[0] {
+		t.Fatalf("redelivered %s, want %s", got[0].Message.MessageId, ids[0])
+	}
+	t.Logf("redelivered by the other proxy after %v", took)
+	if took < 11*time.Second {
+		t.Fatalf("redelivered after %v, before the 12 s ack deadline had passed", took)
 	}
 }

@@ -49,7 +49,7 @@ type env struct {
 	// dialKubeMQ opens another client to the env's KubeMQ (a replica of
 	// its own); closed at cleanup.
 	dialKubeMQ func() *kubemqclient.Client
-	stop    func() // stops the current replica
+	stop       func() // stops the current replica
 }
 
 // envConfig is what envOptions adjust.

@@ -62,7 +62,7 @@ func (ch *channel) exchangeDeclare(m *wire.ExchangeDeclare) error {
 		}
 		if v, ok := m.Arguments["alternate-exchange"]; ok {
 			if _, isStr := v.(string); !isStr {
-				return wire.PreconditionFailed("invalid type '%s' for arg 'alternate-exchange' in %s", erlangType(v), rsExchange(m.Exchange, vn))
+				return wire.PreconditionFailed("invalid type '%s' for arg 'alternate-exchange' in %s", wire.ErlangType(v), rsExchange(m.Exchange, vn))
 			}
 		}
 		x = routing.Exchange{Name: m.Exchange, Kind: kind, Durable: m.Durable, AutoDelete: m.AutoDelete,
@@ -488,7 +488,7 @@ func typedValue(v any, ok bool) string {
 	if !ok {
 		return "none"
 	}
-	return fmt.Sprintf("the value '%s' of type '%s'", erlangValue(v), erlangType(v))
+	return fmt.Sprintf("the value '%s' of type '%s'", erlangValue(v), wire.ErlangType(v))
 }
 
 func erlangValue(v any) string {
@@ -501,47 +501,6 @@ func erlangValue(v any) string {
 		return "undefined"
 	}
 	return fmt.Sprint(v)
-}
-
-// erlangType names a field value's type as RabbitMQ prints it.
-func erlangType(v any) string {
-	switch v.(type) {
-	case bool:
-		return "bool"
-	case int8:
-		return "byte"
-	case uint8:
-		return "unsignedbyte"
-	case int16:
-		return "short"
-	case uint16:
-		return "unsignedshort"
-	case int32:
-		return "signedint"
-	case uint32:
-		return "unsignedint"
-	case int64, int:
-		return "long"
-	case float32:
-		return "float"
-	case float64:
-		return "double"
-	case wire.Decimal:
-		return "decimal"
-	case string:
-		return "longstr"
-	case []byte:
-		return "binary"
-	case []any:
-		return "array"
-	case time.Time:
-		return "timestamp"
-	case wire.Table, map[string]any:
-		return "table"
-	case nil:
-		return "void"
-	}
-	return fmt.Sprintf("%T", v)
 }
 
 // intArg reads an integer argument of any integer field type.
@@ -584,7 +543,7 @@ func validateQueueArgs(m *wire.QueueDeclare, name, vn string) error {
 		n, isInt := intArg(v)
 		switch {
 		case !isInt:
-			return bad(k, fmt.Sprintf("{unacceptable_type,%s}", erlangType(v)))
+			return bad(k, fmt.Sprintf("{unacceptable_type,%s}", wire.ErlangType(v)))
 		case n < 0:
 			return bad(k, fmt.Sprintf("{value_negative,%d}", n))
 		case n == 0 && !zeroOK:
@@ -613,7 +572,7 @@ func validateQueueArgs(m *wire.QueueDeclare, name, vn string) error {
 		}
 		s, isStr := v.(string)
 		if !isStr {
-			return "", true, bad(k, fmt.Sprintf("{unacceptable_type,%s}", erlangType(v)))
+			return "", true, bad(k, fmt.Sprintf("{unacceptable_type,%s}", wire.ErlangType(v)))
 		}
 		return s, true, nil
 	}
@@ -634,7 +593,7 @@ func validateQueueArgs(m *wire.QueueDeclare, name, vn string) error {
 	}
 	if v, ok := args["x-single-active-consumer"]; ok {
 		if _, isBool := v.(bool); !isBool {
-			return bad("x-single-active-consumer", fmt.Sprintf("{unacceptable_type,%s}", erlangType(v)))
+			return bad("x-single-active-consumer", fmt.Sprintf("{unacceptable_type,%s}", wire.ErlangType(v)))
 		}
 	}
 	if qt, ok, err := strCheck("x-queue-type"); err != nil {

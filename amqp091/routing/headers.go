@@ -43,7 +43,7 @@ func ValidateBinding(kind Kind, args wire.Table) string {
 	}
 	s, ok := v.(string)
 	if !ok {
-		return fmt.Sprintf("Invalid x-match field type %s (value %s); expected longstr", erlangType(v), erlangTerm(v))
+		return fmt.Sprintf("Invalid x-match field type %s (value %s); expected longstr", wire.ErlangType(v), erlangTerm(v))
 	}
 	switch s {
 	case "all", "any", "all-with-x", "any-with-x":
@@ -233,47 +233,6 @@ func (a num) float() float64 {
 		return a.f
 	}
 	return float64(a.i)
-}
-
-// erlangType names a field value's type as RabbitMQ prints it.
-func erlangType(v any) string {
-	switch v.(type) {
-	case bool:
-		return "bool"
-	case int8:
-		return "byte"
-	case uint8:
-		return "unsignedbyte"
-	case int16:
-		return "short"
-	case uint16:
-		return "unsignedshort"
-	case int32:
-		return "signedint"
-	case uint32:
-		return "unsignedint"
-	case int64, int:
-		return "long"
-	case float32:
-		return "float"
-	case float64:
-		return "double"
-	case wire.Decimal:
-		return "decimal"
-	case string:
-		return "longstr"
-	case []byte:
-		return "binary"
-	case []any:
-		return "array"
-	case time.Time:
-		return "timestamp"
-	case wire.Table, map[string]any:
-		return "table"
-	case nil:
-		return "void"
-	}
-	return fmt.Sprintf("%T", v)
 }
 
 // erlangTerm prints a field value the way Erlang's ~p prints it in

@@ -399,6 +399,11 @@ func (c *Client) observe(err error) error {
 
 func (c *Client) healthLoop() {
 	backoff := c.opts.MinBackoff
+	// timeouts counts consecutive ping timeouts while ready: one slow ping
+	// on a CPU-starved machine is asked again at once before the backend is
+	// declared down (which drops every lease); a refused or broken
+	// connection is an outage at once.
+	timeouts := 0
 	for {
 		timeout := c.opts.PingTimeout
 		if !c.ready.Load() {
@@ -412,10 +417,16 @@ func (c *Client) healthLoop() {
 		}
 		var wait time.Duration
 		if err == nil {
+			timeouts = 0
 			c.setReady(true)
 			backoff = c.opts.MinBackoff
 			wait = c.opts.PingInterval
+		} else if c.ready.Load() && errors.Is(err, ErrTimeout) && timeouts == 0 {
+			timeouts++
+			c.log.Warn("kubemq health ping timed out; asking again before declaring an outage", zap.Error(err))
+			continue
 		} else {
+			timeouts = 0
 			if c.ready.Load() {
 				c.log.Warn("kubemq health ping failed", zap.Error(err))
 			}

@@ -38,6 +38,19 @@ func (s *Server) renderSub(e *subEntry, project string) *pubsubpb.Subscription {
 	return out
 }
 
+// storeSub writes e to the registry and answers with the subscription as
+// the catalogue now holds it.
+func (s *Server) storeSub(ctx context.Context, e *subEntry, project string) (*pubsubpb.Subscription, error) {
+	if err := s.putSub(ctx, e); err != nil {
+		return nil, toStatus(err)
+	}
+	got, ok := s.cat.sub(e.id)
+	if !ok {
+		return nil, toStatus(errNotApplied)
+	}
+	return s.renderSub(got, project), nil
+}
+
 func (s *Server) putSub(ctx context.Context, e *subEntry) error {
 	rec, err := encodeSub(e)
 	if err != nil {
@@ -153,14 +166,7 @@ func (p *subscriber) CreateSubscription(ctx context.Context, req *pubsubpb.Subsc
 	if e.queue, err = s.newSubQueue(ctx, sn.ID, e.uid); err != nil {
 		return nil, toStatus(err)
 	}
-	if err := s.putSub(ctx, e); err != nil {
-		return nil, toStatus(err)
-	}
-	got, ok := s.cat.sub(sn.ID)
-	if !ok {
-		return nil, toStatus(errNotApplied)
-	}
-	return s.renderSub(got, sn.Project), nil
+	return s.storeSub(ctx, e, sn.Project)
 }
 
 func (p *subscriber) GetSubscription(ctx context.Context, req *pubsubpb.GetSubscriptionRequest) (*pubsubpb.Subscription, error) {
@@ -242,14 +248,7 @@ func (p *subscriber) UpdateSubscription(ctx context.Context, req *pubsubpb.Updat
 	}
 	ne := *e
 	ne.proto = sub
-	if err := s.putSub(ctx, &ne); err != nil {
-		return nil, toStatus(err)
-	}
-	got, ok := s.cat.sub(sn.ID)
-	if !ok {
-		return nil, toStatus(errNotApplied)
-	}
-	return s.renderSub(got, sn.Project), nil
+	return s.storeSub(ctx, &ne, sn.Project)
 }
 
 func (p *subscriber) ListSubscriptions(ctx context.Context, req *pubsubpb.ListSubscriptionsRequest) (*pubsubpb.ListSubscriptionsResponse, error) {

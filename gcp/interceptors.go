@@ -56,7 +56,7 @@ func logUnary(log *zap.Logger, m *metrics) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := h(ctx, req)
-		c := status.Code(err)
+		c := rpcCode(err)
 		m.rpc(info.FullMethod, c)
 		logLevel(c)(log, "rpc", zap.String("method", info.FullMethod), zap.Stringer("code", c), zap.Duration("took", time.Since(start)), zap.Error(err))
 		return resp, err
@@ -70,14 +70,25 @@ func logStream(log *zap.Logger, m *metrics) grpc.StreamServerInterceptor {
 		m.streams.Inc()
 		err := h(srv, ss)
 		m.streams.Dec()
-		m.rpc(info.FullMethod, status.Code(err))
-		c := status.Code(err)
+		code := rpcCode(err)
+		m.rpc(info.FullMethod, code)
+		c := code
 		if c == codes.Canceled {
 			c = codes.OK // the client went away: the normal end of a stream
 		}
-		logLevel(c)(log, "stream closed", zap.String("method", info.FullMethod), zap.Stringer("code", status.Code(err)), zap.Duration("took", time.Since(start)), zap.Error(err))
+		logLevel(c)(log, "stream closed", zap.String("method", info.FullMethod), zap.Stringer("code", code), zap.Duration("took", time.Since(start)), zap.Error(err))
 		return err
 	}
+}
+
+// rpcCode is the code the client receives for a handler's error: gRPC
+// sends a bare context error as CANCELED or DEADLINE_EXCEEDED, where
+// status.Code would say UNKNOWN.
+func rpcCode(err error) codes.Code {
+	if st, ok := status.FromError(err); ok {
+		return st.Code()
+	}
+	return status.FromContextError(err).Code()
 }
 
 // notReady is the gate's answer; clients retry UNAVAILABLE by themselves.

@@ -102,7 +102,10 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	defer timer.Stop()
 	select {
 	case err = <-errc:
-		if err != nil && !errors.Is(err, context.Canceled) {
+		// A client cancel (the stream's context ends, the send loop
+		// returns it bare) becomes CANCELED here; left bare, the
+		// interceptors would count it as UNKNOWN.
+		if err != nil {
 			err = s.deliveryStatus(sn, err)
 		}
 	case <-timer.C:

@@ -53,6 +53,11 @@ type Options struct {
 	CloseTimeout time.Duration
 	// DialOptions are appended to the client's own (tests, tracing).
 	DialOptions []grpc.DialOption
+	// Observe, if set, is called once per operation that reached the
+	// server (ObservedOps names it) with the time until the server's
+	// answer and the outcome: nil or an *Error. It runs on the caller's
+	// goroutine; keep it short. nil costs nothing.
+	Observe func(op string, d time.Duration, err error)
 }
 
 func (o *Options) setDefaults() error {
@@ -463,10 +468,14 @@ type PingInfo struct {
 
 // Ping asks the server for its identity. Failures flip readiness off.
 func (c *Client) Ping(ctx context.Context) (PingInfo, error) {
+	t := c.startOp()
 	r, err := c.rpc.Ping(ctx, &kubemqpb.Empty{})
 	if err != nil {
-		return PingInfo{}, c.observe(wrapErr("Ping", err))
+		err = c.observe(wrapErr("Ping", err))
+		t.end(OpPing, err)
+		return PingInfo{}, err
 	}
+	t.end(OpPing, nil)
 	return PingInfo{
 		Host:      r.GetHost(),
 		Version:   r.GetVersion(),

@@ -98,11 +98,15 @@ func (c *Client) OpenDownstream(ctx context.Context) (*Downstream, error) {
 		return nil, wrapErr(op, err)
 	}
 	sctx, cancel := context.WithCancel(c.ctx)
+	t := c.startOp()
 	stream, err := c.rpc.QueuesDownstream(sctx)
 	if err != nil {
 		cancel()
-		return nil, c.observe(wrapErr(op, err))
+		err = c.observe(wrapErr(op, err))
+		t.end(OpDownstreamOpen, err)
+		return nil, err
 	}
+	t.end(OpDownstreamOpen, nil)
 	d := &Downstream{
 		c: c, stream: stream, cancel: cancel,
 		done:   make(chan struct{}),
@@ -270,6 +274,7 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 	d.maxWait = max(d.maxWait, wait)
 	d.gets++
 	d.mu.Unlock()
+	t := d.c.startOp()
 	rep, err := d.call(ctx, op, &pb.QueuesDownstreamRequest{
 		RequestTypeData: pb.QueuesDownstreamRequestType_Get,
 		Channel:         g.Channel,
@@ -277,11 +282,12 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 		WaitTimeout:     int32(wait / time.Millisecond),
 		AutoAck:         g.AutoAck,
 	}, &dsReq{autoAck: g.AutoAck}, false)
+	if err == nil && rep.resp.GetIsError() {
+		err = inBand(op, rep.resp.GetError())
+	}
+	t.end(OpDownstreamGet, err)
 	if err != nil {
 		return nil, err
-	}
-	if rep.resp.GetIsError() {
-		return nil, inBand(op, rep.resp.GetError())
 	}
 	tx := &Transaction{ID: rep.resp.GetTransactionId(), Channel: g.Channel}
 	tx.Messages = make([]QueueMessage, 0, len(rep.resp.GetMessages()))
@@ -321,7 +327,10 @@ func DedupeSequences(msgs []QueueMessage) []QueueMessage {
 	return out
 }
 
-func (d *Downstream) settle(op string, typ pb.QueuesDownstreamRequestType, txID string, seqs []uint64, requeue string, ranged bool) error {
+// settle sends a settlement. The server answers only failures, and those
+// later (Errors, Sync), so Observe sees the time to hand the request to the
+// stream and a local send failure, under obsOp.
+func (d *Downstream) settle(op, obsOp string, typ pb.QueuesDownstreamRequestType, txID string, seqs []uint64, requeue string, ranged bool) error {
 	if txID == "" {
 		return invalidArg(op, "empty transaction id", nil)
 	}
@@ -350,44 +359,47 @@ func (d *Downstream) settle(op string, typ pb.QueuesDownstreamRequestType, txID 
 			return nil
 		}
 	}
-	return d.send(op, req, &dsReq{}, false)
+	t := d.c.startOp()
+	err := d.send(op, req, &dsReq{}, false)
+	t.end(obsOp, err)
+	return err
 }
 
 // AckAll acknowledges every unsettled message of the transaction.
 func (d *Downstream) AckAll(txID string) error {
-	return d.settle("AckAll", pb.QueuesDownstreamRequestType_AckAll, txID, nil, "", false)
+	return d.settle("AckAll", OpDownstreamAck, pb.QueuesDownstreamRequestType_AckAll, txID, nil, "", false)
 }
 
 // AckRange acknowledges the given sequences (repeats are sent once).
 func (d *Downstream) AckRange(txID string, seqs []uint64) error {
-	return d.settle("AckRange", pb.QueuesDownstreamRequestType_AckRange, txID, seqs, "", true)
+	return d.settle("AckRange", OpDownstreamAck, pb.QueuesDownstreamRequestType_AckRange, txID, seqs, "", true)
 }
 
 // NAckAll returns every unsettled message to the tail of its queue as a new
 // copy with ReceiveCount+1 (dead-lettered at MaxReceiveCount).
 func (d *Downstream) NAckAll(txID string) error {
-	return d.settle("NAckAll", pb.QueuesDownstreamRequestType_NAckAll, txID, nil, "", false)
+	return d.settle("NAckAll", OpDownstreamNack, pb.QueuesDownstreamRequestType_NAckAll, txID, nil, "", false)
 }
 
 // NAckRange is NAckAll for the given sequences.
 func (d *Downstream) NAckRange(txID string, seqs []uint64) error {
-	return d.settle("NAckRange", pb.QueuesDownstreamRequestType_NAckRange, txID, seqs, "", true)
+	return d.settle("NAckRange", OpDownstreamNack, pb.QueuesDownstreamRequestType_NAckRange, txID, seqs, "", true)
 }
 
 // ReQueueAll moves every unsettled message to channel.
 func (d *Downstream) ReQueueAll(txID, channel string) error {
-	return d.settle("ReQueueAll", pb.QueuesDownstreamRequestType_ReQueueAll, txID, nil, channel, false)
+	return d.settle("ReQueueAll", OpDownstreamRequeue, pb.QueuesDownstreamRequestType_ReQueueAll, txID, nil, channel, false)
 }
 
 // ReQueueRange moves the given sequences to channel.
 func (d *Downstream) ReQueueRange(txID, channel string, seqs []uint64) error {
-	return d.settle("ReQueueRange", pb.QueuesDownstreamRequestType_ReQueueRange, txID, seqs, channel, true)
+	return d.settle("ReQueueRange", OpDownstreamRequeue, pb.QueuesDownstreamRequestType_ReQueueRange, txID, seqs, channel, true)
 }
 
 // CloseByClient closes the transaction: unsettled messages go back to the
 // queue with the same sequence and ReceiveCount.
 func (d *Downstream) CloseByClient(txID string) error {
-	return d.settle("CloseByClient", pb.QueuesDownstreamRequestType_CloseByClient, txID, nil, "", false)
+	return d.settle("CloseByClient", OpDownstreamCloseTx, pb.QueuesDownstreamRequestType_CloseByClient, txID, nil, "", false)
 }
 
 // ActiveOffsets returns the transaction's unsettled sequences (answered
@@ -397,14 +409,16 @@ func (d *Downstream) ActiveOffsets(ctx context.Context, txID string) ([]uint64, 
 	if txID == "" {
 		return nil, invalidArg(op, "empty transaction id", nil)
 	}
+	t := d.c.startOp()
 	rep, err := d.call(ctx, op, &pb.QueuesDownstreamRequest{
 		RequestTypeData: pb.QueuesDownstreamRequestType_ActiveOffsets, RefTransactionId: txID,
 	}, &dsReq{}, false)
+	if err == nil && rep.resp.GetIsError() {
+		err = inBand(op, rep.resp.GetError())
+	}
+	t.end(OpDownstreamOffsets, err)
 	if err != nil {
 		return nil, err
-	}
-	if rep.resp.GetIsError() {
-		return nil, inBand(op, rep.resp.GetError())
 	}
 	out := make([]uint64, len(rep.resp.GetActiveOffsets()))
 	for i, s := range rep.resp.GetActiveOffsets() {
@@ -424,13 +438,15 @@ func (d *Downstream) Sync(ctx context.Context, txID string) error {
 	if txID == "" {
 		return invalidArg(op, "empty transaction id", nil)
 	}
+	t := d.c.startOp()
 	rep, err := d.call(ctx, op, &pb.QueuesDownstreamRequest{
 		RequestTypeData: pb.QueuesDownstreamRequestType_ActiveOffsets, RefTransactionId: txID,
 	}, &dsReq{collect: true}, false)
-	if err != nil {
-		return err
+	if err == nil {
+		err = joinErrors(rep.failures)
 	}
-	return joinErrors(rep.failures)
+	t.end(OpDownstreamSync, err)
+	return err
 }
 
 func (d *Downstream) read() {

@@ -56,14 +56,18 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 		b.results[i].EventID = id
 	}
 	b.remaining.Store(int64(len(events)))
+	t := c.startOp()
 	if err := c.pub.enqueue(b); err != nil {
-		return nil, err
+		return nil, err // closed: nothing was sent
 	}
 	select {
 	case <-b.done:
+		t.endPublished(OpPublishEvents, b.results, nil)
 		return b.results, nil
 	case <-ctx.Done():
-		return nil, wrapErr(op, ctx.Err())
+		err := wrapErr(op, ctx.Err())
+		t.end(OpPublishEvents, err)
+		return nil, err
 	}
 }
 

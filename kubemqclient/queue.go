@@ -22,11 +22,15 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 	if err != nil {
 		return SendResult{}, err
 	}
+	t := c.startOp()
 	r, err := c.rpc.SendQueueMessage(ctx, pm)
 	if err != nil {
-		return SendResult{}, c.observe(wrapErr(op, err))
+		err = c.observe(wrapErr(op, err))
+		t.end(OpSendQueue, err)
+		return SendResult{}, err
 	}
 	sr := sendResultFromPB(op, r)
+	t.end(OpSendQueue, sr.Err)
 	return sr, sr.Err
 }
 
@@ -46,11 +50,16 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 	if err != nil {
 		return nil, err
 	}
+	t := c.startOp()
 	r, err := c.rpc.SendQueueMessagesBatch(ctx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
 	if err != nil {
-		return nil, c.observe(wrapErr(op, err))
+		err = c.observe(wrapErr(op, err))
+		t.end(OpSendQueueBatch, err)
+		return nil, err
 	}
-	return c.sendResults(op, len(msgs), r.GetResults())
+	rs, err := c.sendResults(op, len(msgs), r.GetResults())
+	t.endSent(OpSendQueueBatch, rs, err)
+	return rs, err
 }
 
 func (c *Client) queueMessagesToPB(op string, msgs []QueueMessage) ([]*kubemqpb.QueueMessage, error) {
@@ -89,10 +98,14 @@ func (c *Client) QueuesInfo(ctx context.Context, names ...string) (QueuesInfo, e
 			return QueuesInfo{}, err
 		}
 	}
+	t := c.startOp()
 	r, err := c.rpc.QueuesInfo(ctx, &kubemqpb.QueuesInfoRequest{RequestID: c.ids.next(), QueueName: strings.Join(names, ";")})
 	if err != nil {
-		return QueuesInfo{}, c.observe(wrapErr(op, err))
+		err = c.observe(wrapErr(op, err))
+		t.end(OpQueuesInfo, err)
+		return QueuesInfo{}, err
 	}
+	t.end(OpQueuesInfo, nil)
 	return queuesInfoFromPB(r.GetInfo()), nil
 }
 
@@ -110,14 +123,18 @@ func (c *Client) AckAllQueueMessages(ctx context.Context, channel string, wait t
 	if err != nil {
 		return 0, err
 	}
+	t := c.startOp()
 	r, err := c.rpc.AckAllQueueMessages(ctx, &kubemqpb.AckAllQueueMessagesRequest{
 		RequestID: c.ids.next(), ClientID: c.clientID, Channel: channel, WaitTimeSeconds: ws,
 	})
-	if err != nil {
-		return 0, c.observe(wrapErr(op, err))
+	if err == nil && r.GetIsError() {
+		err = inBand(op, r.GetError())
+	} else if err != nil {
+		err = c.observe(wrapErr(op, err))
 	}
-	if r.GetIsError() {
-		return 0, inBand(op, r.GetError())
+	t.end(OpAckAllQueue, err)
+	if err != nil {
+		return 0, err
 	}
 	return r.GetAffectedMessages(), nil
 }
@@ -146,15 +163,19 @@ func (c *Client) ReceiveQueueMessages(ctx context.Context, channel string, max i
 	if err != nil {
 		return ReceiveResult{}, err
 	}
+	t := c.startOp()
 	r, err := c.rpc.ReceiveQueueMessages(ctx, &kubemqpb.ReceiveQueueMessagesRequest{
 		RequestID: c.ids.next(), ClientID: c.clientID, Channel: channel,
 		MaxNumberOfMessages: int32(max), WaitTimeSeconds: ws, IsPeak: peek,
 	})
-	if err != nil {
-		return ReceiveResult{}, c.observe(wrapErr(op, err))
+	if err == nil && r.GetIsError() {
+		err = inBand(op, r.GetError())
+	} else if err != nil {
+		err = c.observe(wrapErr(op, err))
 	}
-	if r.GetIsError() {
-		return ReceiveResult{}, inBand(op, r.GetError())
+	t.end(OpReceiveQueue, err)
+	if err != nil {
+		return ReceiveResult{}, err
 	}
 	res := ReceiveResult{Expired: int(r.GetMessagesExpired())}
 	for _, m := range r.GetMessages() {

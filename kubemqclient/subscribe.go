@@ -153,11 +153,15 @@ func (c *Client) SubscribeEventsStore(ctx context.Context, o SubscribeOptions) (
 	}
 	s := &EventsSubscription{c: c, opts: o, clientID: clientID, ch: make(chan EventReceive, o.Buffer), done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	t := c.startOp()
 	stream, err := c.rpc.SubscribeToEvents(s.ctx, req)
 	if err != nil {
 		s.cancel()
-		return nil, c.observe(wrapErr(op, err))
+		err = c.observe(wrapErr(op, err))
+		t.end(OpSubscribeOpen, err)
+		return nil, err
 	}
+	t.end(OpSubscribeOpen, nil)
 	if !c.track(s) {
 		s.cancel()
 		return nil, closedErr(op)
@@ -201,12 +205,15 @@ func (s *EventsSubscription) run(stream grpc.ServerStreamingClient[kubemqpb.Even
 			req := s.resumeRequest(last)
 			s.c.log.Info("events-store subscription resuming", zap.String("channel", s.opts.Channel),
 				zap.String("client_id", req.ClientID), zap.Uint64("after", last), zap.Error(err))
+			ot := s.c.startOp()
 			stream, err = s.c.rpc.SubscribeToEvents(s.ctx, req)
 			if err == nil {
+				ot.end(OpSubscribeOpen, nil)
 				s.resumes.Add(1)
 				break
 			}
 			err = s.c.observe(wrapErr("EventsSubscription", err))
+			ot.end(OpSubscribeOpen, err)
 			if !IsRetryable(err) {
 				s.err = err
 				return

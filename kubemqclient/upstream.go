@@ -66,11 +66,15 @@ func (u *Upstream) openLocked(ctx context.Context) (*upGen, error) {
 		return nil, wrapErr(op, err)
 	}
 	sctx, cancel := context.WithCancel(u.c.ctx)
+	t := u.c.startOp()
 	stream, err := u.c.rpc.QueuesUpstream(sctx)
 	if err != nil {
 		cancel()
-		return nil, u.c.observe(wrapErr(op, err))
+		err = u.c.observe(wrapErr(op, err))
+		t.end(OpUpstreamOpen, err)
+		return nil, err
 	}
+	t.end(OpUpstreamOpen, nil)
 	g := &upGen{stream: stream, cancel: cancel, done: make(chan struct{}), pending: map[string]chan upReply{}}
 	u.gen = g
 	u.c.goTracked(func() { u.read(g) })
@@ -140,10 +144,12 @@ func (u *Upstream) Send(ctx context.Context, msgs []QueueMessage) ([]SendResult,
 
 	id := u.c.ids.next()
 	ch := make(chan upReply, 1)
+	t := u.c.startOp()
 	g.mu.Lock()
 	if g.dead != nil {
 		err := g.dead
 		g.mu.Unlock()
+		t.end(OpUpstreamSend, err)
 		return nil, err
 	}
 	g.pending[id] = ch
@@ -161,17 +167,24 @@ func (u *Upstream) Send(ctx context.Context, msgs []QueueMessage) ([]SendResult,
 	select {
 	case r := <-ch:
 		if r.err != nil {
+			t.end(OpUpstreamSend, r.err)
 			return nil, r.err
 		}
 		if r.resp.GetIsError() {
-			return nil, inBand(op, r.resp.GetError())
+			err := inBand(op, r.resp.GetError())
+			t.end(OpUpstreamSend, err)
+			return nil, err
 		}
-		return u.c.sendResults(op, len(msgs), r.resp.GetResults())
+		rs, err := u.c.sendResults(op, len(msgs), r.resp.GetResults())
+		t.endSent(OpUpstreamSend, rs, err)
+		return rs, err
 	case <-ctx.Done():
 		g.mu.Lock()
 		delete(g.pending, id)
 		g.mu.Unlock()
-		return nil, wrapErr(op, ctx.Err())
+		err := wrapErr(op, ctx.Err())
+		t.end(OpUpstreamSend, err)
+		return nil, err
 	}
 }
 

@@ -53,6 +53,14 @@ func (c *Client) ReceiveWithVisibility(ctx context.Context, channel string, visi
 	if err != nil {
 		return nil, err
 	}
+	t := c.startOp()
+	v, err := c.receiveWithVisibility(ctx, channel, vs, ws)
+	t.end(OpVisibilityReceive, err)
+	return v, err
+}
+
+func (c *Client) receiveWithVisibility(ctx context.Context, channel string, vs, ws int32) (*VisibleMessage, error) {
+	const op = "ReceiveWithVisibility"
 	sctx, cancel := context.WithCancel(c.ctx)
 	stream, err := c.rpc.StreamQueueMessage(sctx)
 	if err != nil {
@@ -145,7 +153,15 @@ drain:
 
 // do sends one operation and waits for its answer. An unsolicited answer
 // (Error 129, visibility expired) marks the message lost to this holder.
-func (v *VisibleMessage) do(ctx context.Context, op string, req *pb.StreamQueueMessagesRequest, settles bool) error {
+func (v *VisibleMessage) do(ctx context.Context, op, obsOp string, req *pb.StreamQueueMessagesRequest, settles bool) error {
+	t := v.c.startOp()
+	err := v.exchange(ctx, op, req, settles)
+	t.end(obsOp, err)
+	return err
+}
+
+// exchange is do without the observation.
+func (v *VisibleMessage) exchange(ctx context.Context, op string, req *pb.StreamQueueMessagesRequest, settles bool) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.expired != nil {
@@ -202,14 +218,14 @@ func (v *VisibleMessage) do(ctx context.Context, op string, req *pb.StreamQueueM
 
 // Ack deletes the message.
 func (v *VisibleMessage) Ack(ctx context.Context) error {
-	return v.do(ctx, "Ack", &pb.StreamQueueMessagesRequest{
+	return v.do(ctx, "Ack", OpVisibilityAck, &pb.StreamQueueMessagesRequest{
 		StreamRequestTypeData: pb.StreamRequestType_AckMessage, RefSequence: v.Message.Attributes.Sequence}, true)
 }
 
 // Reject returns the message to the tail of its queue as a new copy with
 // ReceiveCount+1 (dead-lettered at MaxReceiveCount).
 func (v *VisibleMessage) Reject(ctx context.Context) error {
-	return v.do(ctx, "Reject", &pb.StreamQueueMessagesRequest{
+	return v.do(ctx, "Reject", OpVisibilityReject, &pb.StreamQueueMessagesRequest{
 		StreamRequestTypeData: pb.StreamRequestType_RejectMessage, RefSequence: v.Message.Attributes.Sequence}, true)
 }
 
@@ -223,7 +239,7 @@ func (v *VisibleMessage) ExtendVisibility(ctx context.Context, d time.Duration) 
 	if s == 0 {
 		return invalidArg("ExtendVisibility", "visibility must be positive", nil)
 	}
-	return v.do(ctx, "ExtendVisibility", &pb.StreamQueueMessagesRequest{
+	return v.do(ctx, "ExtendVisibility", OpVisibilityExtend, &pb.StreamQueueMessagesRequest{
 		StreamRequestTypeData: pb.StreamRequestType_ModifyVisibility, VisibilitySeconds: s}, false)
 }
 
@@ -233,7 +249,7 @@ func (v *VisibleMessage) Resend(ctx context.Context, channel string) error {
 	if err := ValidChannel(channel); err != nil {
 		return err
 	}
-	return v.do(ctx, "Resend", &pb.StreamQueueMessagesRequest{
+	return v.do(ctx, "Resend", OpVisibilityResend, &pb.StreamQueueMessagesRequest{
 		StreamRequestTypeData: pb.StreamRequestType_ResendMessage, Channel: channel}, true)
 }
 
@@ -244,7 +260,7 @@ func (v *VisibleMessage) SendModified(ctx context.Context, m QueueMessage) error
 	if err != nil {
 		return err
 	}
-	return v.do(ctx, "SendModified", &pb.StreamQueueMessagesRequest{
+	return v.do(ctx, "SendModified", OpVisibilitySendModified, &pb.StreamQueueMessagesRequest{
 		StreamRequestTypeData: pb.StreamRequestType_SendModifiedMessage, ModifiedMessage: pm}, true)
 }
 

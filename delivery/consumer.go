@@ -212,6 +212,8 @@ type Consumer struct {
 	// staleStream: the backend went down since the poll loop's stream was opened; the loop
 	// replaces the stream before its next Get.
 	staleStream atomic.Bool
+	// unsettled is the hook set by Handle.OnUnsettled (nil = none).
+	unsettled atomic.Pointer[UnsettledFunc]
 
 	pollCtx, settleCtx       context.Context
 	pollCancel, settleCancel context.CancelFunc

@@ -327,6 +327,30 @@ func (h *Handle) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
 	return h.c.fetch(ctx, max, h, dl, hold)
 }
 
+// UnsettledFunc is told of a message found in a lease record that this Consumer's live lease
+// table does not hold: an entry of another owner (a replica, or this process before a crash),
+// bounced until redeliverAt, or of an earlier incarnation (before an outage), redelivered at
+// once (redeliverAt is then the time it was found). Either way the message will come back
+// through Fetch as a fresh delivery, unless a BeforeRedeliver hook drops it. It runs on the
+// poll loop outside every lock, before the deliveries of the same Get are handed out, and must
+// not block.
+type UnsettledFunc func(m *Message, redeliverAt time.Time)
+
+// OnUnsettled installs f on the queue's Consumer (nil removes it; the last call wins). A
+// front-end that keeps an order among deliveries (Pub/Sub ordering keys) uses it to hold back
+// later messages until the returning ones arrive.
+func (h *Handle) OnUnsettled(f UnsettledFunc) {
+	if f == nil {
+		h.c.unsettled.Store(nil)
+		return
+	}
+	h.c.unsettled.Store(&f)
+}
+
+// RecordDelay is the delay of the Consumer's lease records: every record written before now
+// has come back within about this long (plus the backend's lateness).
+func (h *Handle) RecordDelay() time.Duration { return h.c.opts.RecordDelay }
+
 // Hold is Consumer.Hold.
 func (h *Handle) Hold(until time.Time, ids ...string) int { return h.c.Hold(until, ids...) }
 

@@ -319,6 +319,8 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	var rearms []pending
 	var bounce [][]byte
 	var recover []entry
+	hook := c.unsettled.Load()
+	var bounced []*entry // for the hook only
 	// Two copies of one entry (a record stored twice after an ambiguous send failure) must
 	// not turn into two live records or two redeliveries.
 	type entryKey struct {
@@ -352,9 +354,22 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 			recover = append(recover, *e)
 		default:
 			bounce = append(bounce, e.raw)
+			if hook != nil {
+				bounced = append(bounced, e)
+			}
 		}
 	}
 	c.mu.Unlock()
+	if hook != nil {
+		for _, e := range bounced {
+			m := e.message()
+			(*hook)(&m, time.UnixMilli(e.expiresAt).Add(delay))
+		}
+		for i := range recover {
+			m := recover[i].message()
+			(*hook)(&m, now)
+		}
+	}
 
 	for _, l := range b.fresh {
 		addEntry(owner, l, l.gen, fresh)

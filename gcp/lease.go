@@ -61,7 +61,8 @@ type lease struct {
 	flow     *flow     // the stream holding it (flow control); nil for Pull
 	bytes    int64
 	key      string // ordering key; "" = unordered
-	hidx     int    // index in subRuntime.heap; -1 when not in it
+	order    msgOrder
+	hidx     int // index in subRuntime.heap; -1 when not in it
 }
 
 // keyState is one ordering key's place in a subscription: at most one of
@@ -96,6 +97,14 @@ type subRuntime struct {
 	heap    leaseHeap
 	keys    map[string]*keyState // ordered subscriptions only
 	ready   []*lease             // ordered: heads to hand out again, oldest first
+	ordered bool                 // enable_message_ordering (immutable)
+	// Ordering recovery (ordering.go): keyed messages wait until
+	// recoverUntil, and while an earlier message of their key is known to
+	// be on its way back from a lease record.
+	recoverUntil time.Time
+	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
+	byMsgID      map[string]*lease               // keyed leases by Pub/Sub message id
+	window       time.Duration                   // recovery window after a (re)start
 	changed chan struct{}        // closed and replaced when room or ready work appears
 	closed  bool
 	hold    time.Duration // the engine hold last set on h
@@ -117,6 +126,10 @@ func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 		expired:        s.m.expired.WithLabelValues(label),
 		leases:         map[string]*lease{},
 		keys:           map[string]*keyState{},
+		ordered:        e.proto.GetEnableMessageOrdering(),
+		awaiting:       map[string]map[string]time.Time{},
+		byMsgID:        map[string]*lease{},
+		window:         h.RecordDelay() + recoverySlack,
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
 		done:           make(chan struct{}),
@@ -208,8 +221,22 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			return nil, err
 		}
 		r.mu.Lock()
+		// Concurrent fetches of one subscription (its streams and Pulls)
+		// each sized their Fetch from the same free room; what would pass
+		// the ceiling goes back to the engine untouched (no attempt counted).
+		var surplus []*delivery.Delivery
+		if free := r.s.cfg.MaxInflightPerSubscription - len(r.leases); len(ds) > free {
+			free = min(len(ds), free)
+			if free < 0 {
+				free = 0
+			}
+			ds, surplus = ds[:free], ds[free:]
+		}
 		out := r.acceptLocked(e, ds, f, deadline)
 		r.mu.Unlock()
+		if len(surplus) > 0 {
+			r.h.Unfetch(surplus...)
+		}
 		if len(out) > 0 {
 			return out, nil
 		}
@@ -231,18 +258,8 @@ func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow,
 			l.key = d.Tags[TagOrderingKey]
 		}
 		r.leases[d.LeaseID] = l
-		if l.key != "" {
-			ks := r.keys[l.key]
-			if ks == nil {
-				ks = &keyState{}
-				r.keys[l.key] = ks
-			}
-			if ks.head != nil {
-				l.state = leasePending
-				ks.pending = append(ks.pending, l)
-				continue
-			}
-			ks.head = l
+		if l.key != "" && !r.admitKeyedLocked(l, now) {
+			continue // waits behind its key's head, or for the key's recovery
 		}
 		out = append(out, r.handOutLocked(e, l, f, deadline, now))
 	}
@@ -328,16 +345,28 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 	l.flow.release(l, heard)
 	l.flow = nil
 	if l.key != "" {
+		if r.byMsgID[l.d.Tags[TagMessageID]] == l {
+			delete(r.byMsgID, l.d.Tags[TagMessageID])
+		}
 		if ks := r.keys[l.key]; ks != nil && ks.head == l {
-			r.advanceKeyLocked(l.key, ks)
+			ks.head = nil
+			r.advanceKeyLocked(l.key, ks, time.Now())
 		}
 	}
 	r.notifyLocked()
 }
 
-func (r *subRuntime) advanceKeyLocked(key string, ks *keyState) {
+// advanceKeyLocked makes the key's earliest pending message its head
+// (handed out by the next fetch), unless the key is held for recovery.
+func (r *subRuntime) advanceKeyLocked(key string, ks *keyState, now time.Time) {
+	if ks.head != nil {
+		return
+	}
 	if len(ks.pending) == 0 {
 		delete(r.keys, key)
+		return
+	}
+	if r.keyHeldLocked(key, now) {
 		return
 	}
 	next := ks.pending[0]
@@ -582,6 +611,10 @@ func (r *subRuntime) sweep() {
 		if len(r.heap) > 0 {
 			next = time.Until(r.heap[0].deadline)
 		}
+		if r.recoveringLocked(now) {
+			r.releaseKeysLocked(now)
+			next = min(next, recoveryTick)
+		}
 		r.mu.Unlock()
 		// Expired leases were popped; fail wants them out, so they go
 		// through it with a fresh look under the lock.
@@ -613,7 +646,13 @@ func (r *subRuntime) reset() {
 	r.leases = map[string]*lease{}
 	r.heap = nil
 	r.keys = map[string]*keyState{}
+	r.byMsgID = map[string]*lease{}
 	r.ready = nil
+	if r.ordered {
+		// The dropped leases come back from their records, behind
+		// whatever is fetched meanwhile.
+		r.beginRecoveryLocked(time.Now())
+	}
 	r.notifyLocked()
 }
 

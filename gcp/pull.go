@@ -43,6 +43,16 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (*subRuntime, error) 
 	}
 	h.SetDeadline(0) // this package runs the ack deadlines (lease.go)
 	r := newSubRuntime(s, e, h)
+	if r.ordered {
+		h.OnUnsettled(r.unsettled)
+		if _, fresh := s.createdHere.Load(e.uid); !fresh {
+			// Created before this process started: lease records of an
+			// earlier process may still be on their way back.
+			r.mu.Lock()
+			r.beginRecoveryLocked(time.Now())
+			r.mu.Unlock()
+		}
+	}
 	s.runtimes[e.id] = r
 	return r, nil
 }

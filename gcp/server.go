@@ -136,6 +136,7 @@ type Server struct {
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
 	rtMu          sync.Mutex        // guards runtimes, rtClosed
+	createdHere   sync.Map          // uid -> struct{}: subscriptions this process created (ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 

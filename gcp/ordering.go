@@ -1,0 +1,201 @@
+package gcp
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/delivery"
+)
+
+// Ordering keys across a restart, a crash or a backend outage.
+//
+// While a key's messages are leased, durable copies of them sit in lease
+// records (delivery package). When the leases are lost (the process died,
+// or KubeMQ was unreachable and the lease table was dropped) those
+// messages come back from their records later, and as fresh copies at the
+// tail of the queue, behind later messages of the same key that a new
+// runtime may already have fetched. Two measures keep a key in order:
+//
+//   - A recovery window: a runtime that starts on a subscription created
+//     before this process, or that lost its leases, holds every keyed
+//     message for RecordDelay+recoverySlack. By then every record written
+//     before has come back at least once (records are delayed copies with
+//     one fixed delay), so the engine has reported what it carries.
+//   - Awaited messages: the engine reports each message it finds in a
+//     record it cannot settle itself (another owner's: bounced until that
+//     lease could have expired; an earlier incarnation's: redelivered at
+//     once). The key then waits until that message arrives again, or until
+//     it is overdue (awaitSlack after its announced redelivery).
+//
+// Meanwhile a key's pending messages are kept sorted by publish order
+// (publish time, then message id), so the returning ones go first. What
+// this cannot repair: a message whose return is later than the window or
+// its await allowance (a very slow delay machinery on the server), and a
+// key whose held messages fill the subscription's in-flight ceiling before
+// the returning ones are fetched; both then continue out of order rather
+// than stall.
+const (
+	recoverySlack = 5 * time.Second
+	recoveryTick  = 250 * time.Millisecond
+)
+
+// awaitSlack is how long after its announced redelivery a returning
+// message may take to reach this runtime: the engine redelivers it on the
+// record's next return (one record delay) and enqueues it at the tail.
+func (r *subRuntime) awaitSlack() time.Duration { return r.window + 30*time.Second }
+
+// msgOrder is a message's place in its key: publish time, then id.
+type msgOrder struct {
+	t  int64 // publish time, Unix ns
+	id string
+}
+
+func orderOf(tags map[string]string) msgOrder {
+	o := msgOrder{id: tags[TagMessageID]}
+	if t, err := time.Parse(time.RFC3339Nano, tags[TagPublishTime]); err == nil {
+		o.t = t.UnixNano()
+	}
+	return o
+}
+
+// compare orders by publish time, then by id. Ids of one process share a
+// fixed-width prefix followed by a counter, so among those a shorter id is
+// the earlier one.
+func (a msgOrder) compare(b msgOrder) int {
+	if a.t != b.t {
+		if a.t < b.t {
+			return -1
+		}
+		return 1
+	}
+	const prefix = 16 // idGen's fixed-width prefix
+	if len(a.id) > prefix && len(b.id) > prefix && a.id[:prefix] == b.id[:prefix] && len(a.id) != len(b.id) {
+		if len(a.id) < len(b.id) {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(a.id, b.id)
+}
+
+// beginRecoveryLocked holds keyed messages for the recovery window.
+func (r *subRuntime) beginRecoveryLocked(now time.Time) {
+	r.recoverUntil = now.Add(r.window)
+	select { // the sweep releases the keys when it ends
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// recoveringLocked reports whether some key may be held.
+func (r *subRuntime) recoveringLocked(now time.Time) bool {
+	return now.Before(r.recoverUntil.Add(recoveryTick)) || len(r.awaiting) > 0
+}
+
+// keyHeldLocked reports whether the key's next message must wait: the
+// recovery window is open, or an earlier message is still on its way back.
+// Overdue awaited messages are forgotten here.
+func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
+	if now.Before(r.recoverUntil) {
+		return true
+	}
+	w := r.awaiting[key]
+	for id, giveUp := range w {
+		if now.After(giveUp) {
+			delete(w, id)
+		}
+	}
+	if len(w) == 0 {
+		delete(r.awaiting, key)
+		return false
+	}
+	return true
+}
+
+// admitKeyedLocked files a fresh keyed lease: true when it is its key's
+// head and may be handed out now; otherwise it waits in the key's pending
+// list, in publish order.
+func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
+	l.order = orderOf(l.d.Tags)
+	if l.order.id != "" {
+		r.byMsgID[l.order.id] = l
+		if w := r.awaiting[l.key]; w != nil {
+			delete(w, l.order.id)
+		}
+	}
+	ks := r.keys[l.key]
+	if ks == nil {
+		ks = &keyState{}
+		r.keys[l.key] = ks
+	}
+	if ks.head == nil && len(ks.pending) == 0 && !r.keyHeldLocked(l.key, now) {
+		ks.head = l
+		return true
+	}
+	l.state = leasePending
+	i, _ := slices.BinarySearchFunc(ks.pending, l, func(p, l *lease) int {
+		if c := p.order.compare(l.order); c != 0 {
+			return c
+		}
+		return -1 // after equals: arrival order
+	})
+	ks.pending = slices.Insert(ks.pending, i, l)
+	if ks.head == nil && !r.keyHeldLocked(l.key, now) {
+		if ks.pending[0] == l {
+			ks.pending = ks.pending[1:]
+			ks.head = l
+			return true
+		}
+		r.advanceKeyLocked(l.key, ks, now)
+		r.notifyLocked()
+	}
+	return false
+}
+
+// releaseKeysLocked moves the earliest pending message of every key that
+// is no longer held to the ready list.
+func (r *subRuntime) releaseKeysLocked(now time.Time) {
+	moved := false
+	for key, ks := range r.keys {
+		if ks.head == nil && len(ks.pending) > 0 && !r.keyHeldLocked(key, now) {
+			r.advanceKeyLocked(key, ks, now)
+			moved = true
+		}
+	}
+	for key := range r.awaiting {
+		if _, ok := r.keys[key]; !ok {
+			r.keyHeldLocked(key, now) // forgets overdue ones
+		}
+	}
+	if moved {
+		r.notifyLocked()
+	}
+}
+
+// unsettled is the engine's report of a keyed message that will come back
+// from a lease record (delivery.UnsettledFunc): its key waits for it.
+func (r *subRuntime) unsettled(m *delivery.Message, redeliverAt time.Time) {
+	key, id := m.Tags[TagOrderingKey], m.Tags[TagMessageID]
+	if key == "" || id == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	if l := r.byMsgID[id]; l != nil && r.leases[l.d.LeaseID] == l {
+		return // a copy is already here
+	}
+	w := r.awaiting[key]
+	if w == nil {
+		w = map[string]time.Time{}
+		r.awaiting[key] = w
+	}
+	w[id] = redeliverAt.Add(r.awaitSlack())
+	select { // the sweep watches for the await to end
+	case r.wake <- struct{}{}:
+	default:
+	}
+}

@@ -105,11 +105,11 @@ type subRuntime struct {
 	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
 	byMsgID      map[string]*lease               // keyed leases by Pub/Sub message id
 	window       time.Duration                   // recovery window after a (re)start
-	changed chan struct{}        // closed and replaced when room or ready work appears
-	closed  bool
-	hold    time.Duration // the engine hold last set on h
-	timer   *time.Timer
-	wake    chan struct{} // cap 1: the earliest deadline moved
+	changed      chan struct{}                   // closed and replaced when room or ready work appears
+	closed       bool
+	hold         time.Duration // the engine hold last set on h
+	timer        *time.Timer
+	wake         chan struct{} // cap 1: the earliest deadline moved
 
 	done chan struct{}
 	wg   sync.WaitGroup

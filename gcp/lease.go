@@ -226,7 +226,6 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		// the ceiling goes back to the engine untouched (no attempt counted).
 		var surplus []*delivery.Delivery
 		if free := r.s.cfg.MaxInflightPerSubscription - len(r.leases); len(ds) > free {
-			free = min(len(ds), free)
 			if free < 0 {
 				free = 0
 			}

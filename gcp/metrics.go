@@ -3,6 +3,7 @@ package gcp
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -28,6 +29,7 @@ type metrics struct {
 	acked, nacked, expired    *prometheus.CounterVec // subscription
 	rpcs                      *prometheus.CounterVec // method, code
 	streams                   prometheus.Gauge
+	openStreams               atomic.Int64 // the streams gauge's value, for State
 
 	topics, subs labelSet
 }

@@ -1,0 +1,75 @@
+package gcp
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+)
+
+// State is the front-end's live view for the proxy's GET /state.
+type State struct {
+	Topics         int        `json:"topics"`
+	StreamingPulls int        `json:"streaming_pulls"`
+	Subscriptions  []SubState `json:"subscriptions"`
+}
+
+// SubState is one subscription as this replica sees it.
+type SubState struct {
+	ID       string `json:"id"`
+	Topic    string `json:"topic"` // "_deleted-topic_" once its topic is gone
+	Queue    string `json:"queue"` // the KubeMQ queue holding its backlog
+	Ordered  bool   `json:"ordered,omitempty"`
+	Detached bool   `json:"detached,omitempty"`
+	Filter   string `json:"filter,omitempty"`
+	// Active: a delivery runtime runs here (some client pulled since start).
+	Active bool `json:"active"`
+	// Leases held here: out to clients, and (ordered) waiting behind their
+	// key or in a retry backoff.
+	Out     int `json:"out"`
+	Waiting int `json:"waiting,omitempty"`
+	// Ordering recovery after a restart or an outage: keys held back, and
+	// messages known to be on their way back from lease records.
+	RecoveringUntil *time.Time `json:"recovering_until,omitempty"`
+	Awaited         int        `json:"awaited,omitempty"`
+}
+
+// State describes topics, subscriptions and open streams (proxy.Stater).
+func (s *Server) State() any {
+	st := State{Topics: len(s.cat.topicIDs()), StreamingPulls: int(s.m.openStreams.Load())}
+	ids := s.cat.subIDs()
+	slices.Sort(ids)
+	now := time.Now()
+	for _, id := range ids {
+		e, ok := s.cat.sub(id)
+		if !ok {
+			continue
+		}
+		ss := SubState{ID: id, Topic: e.topicID, Queue: e.queue, Ordered: e.proto.GetEnableMessageOrdering(),
+			Detached: e.proto.GetDetached(), Filter: e.proto.GetFilter()}
+		if !s.cat.attached(e) {
+			ss.Topic = names.DeletedTopic
+		}
+		if r := s.lookupRuntime(e); r != nil {
+			ss.Active = true
+			r.mu.Lock()
+			for _, l := range r.leases {
+				if l.state == leaseOut {
+					ss.Out++
+				} else {
+					ss.Waiting++
+				}
+			}
+			if now.Before(r.recoverUntil) {
+				t := r.recoverUntil
+				ss.RecoveringUntil = &t
+			}
+			for _, w := range r.awaiting {
+				ss.Awaited += len(w)
+			}
+			r.mu.Unlock()
+		}
+		st.Subscriptions = append(st.Subscriptions, ss)
+	}
+	return st
+}

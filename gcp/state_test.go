@@ -1,0 +1,59 @@
+package gcp_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
+)
+
+// TestState: the /state view lists subscriptions with their queue and the
+// leases held, and counts open StreamingPull streams.
+func TestState(t *testing.T) {
+	e := startEnv(t)
+	ctx := ctxT(t, 30*time.Second)
+	tid, sid, idle := e.id("t"), e.id("s"), e.id("idle")
+	e.createTopic(ctx, tid)
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid), EnableMessageOrdering: true})
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(idle), Topic: e.topicName(tid)})
+	publishN(t, ctx, e.v2(), tid, 3, "k")
+	sc := rawSubscriber(t, e)
+	var got []*pubsubpb.ReceivedMessage
+	for len(got) == 0 {
+		got = pull(t, ctx, sc, e.subName(sid), 10)
+	}
+	stream, err := sc.StreamingPull(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pubsubpb.StreamingPullRequest{Subscription: e.subName(idle), StreamAckDeadlineSeconds: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil { // the idle subscription has 3 messages too
+		t.Fatal(err)
+	}
+
+	st := e.srv.State().(gcp.State)
+	raw, _ := json.Marshal(st)
+	t.Logf("%s", raw)
+	if st.Topics < 1 || st.StreamingPulls != 1 {
+		t.Fatalf("topics %d, streams %d; want >= 1 and 1", st.Topics, st.StreamingPulls)
+	}
+	var s *gcp.SubState
+	for i := range st.Subscriptions {
+		if st.Subscriptions[i].ID == sid {
+			s = &st.Subscriptions[i]
+		}
+	}
+	if s == nil {
+		t.Fatalf("subscription %s missing from %s", sid, raw)
+	}
+	// One message of the key is out; the other two wait behind it (the
+	// poller may not have fetched them all yet).
+	if !s.Active || !s.Ordered || s.Out != 1 || s.Waiting > 2 || s.Topic != tid || s.Queue == "" {
+		t.Fatalf("subscription state %+v", *s)
+	}
+}

@@ -67,7 +67,10 @@ func TestLifecycleReadinessAndMetrics(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "kubemq_proxy_backend_up 1") {
+	// The registry replay reached KubeMQ, so the backend call histogram
+	// has series.
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, "kubemq_proxy_backend_up 1") ||
+		!strings.Contains(body, `kubemq_proxy_backend_call_seconds_count{op=`) {
 		t.Fatalf("/metrics = %d", code)
 	}
 	if !kubemqtest.External() && p.Addr("embedded-kubemq") == "" {

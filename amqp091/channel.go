@@ -16,7 +16,8 @@ type command struct {
 	m        wire.Method
 	props    *wire.Properties
 	body     []byte
-	tooLarge uint64 // body size of a message dropped for exceeding MaxBodySize
+	tooLarge uint64 // body size of a message refused for exceeding MaxBodySize
+	pending  int64  // body bytes counted against MaxPendingPublishBytes until released
 }
 
 // channelQueue is how many commands the reader may queue ahead of a
@@ -141,6 +142,7 @@ func (ch *channel) handle(cmd command) {
 			ch.send(&wire.ChannelCloseOk{})
 			ch.finished = true
 		}
+		ch.c.unpend(cmd.pending)
 		return // everything else is discarded until the close completes
 	}
 	err := ch.dispatch(cmd)

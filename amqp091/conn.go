@@ -50,13 +50,22 @@ type conn struct {
 	channelMax   uint16
 	heartbeat    time.Duration
 	cancelNotify bool // client understands server-sent basic.cancel
+	blockNotify  bool // client understands connection.blocked/unblocked
 	clientName   string
 	w            *writer
 	opened       atomic.Bool // set once the handshake is done and w exists
 
 	// Owned by serve.
-	fr       *wire.FrameReader
-	channels map[uint16]*slot
+	fr         *wire.FrameReader
+	channels   map[uint16]*slot
+	assembling int64 // body bytes of publishes whose content is still arriving
+
+	// Publish back-pressure (Options.MaxPendingPublishBytes): body bytes of
+	// complete publishes handed to channels and not yet stored or dropped.
+	// Channels and publisher lanes release them; drained wakes the reader
+	// when it waits for them.
+	pending atomic.Int64
+	drained chan struct{} // cap 1
 
 	closeMu   sync.Mutex // guards closing, reason, closeSent
 	closing   bool
@@ -78,11 +87,12 @@ type slot struct {
 	haveHdr   bool
 	body      []byte
 	remaining uint64
-	tooLarge  uint64 // declared size of a body being discarded
+	discard   uint64 // body bytes of a refused (oversized) publish still to skip
 }
 
 func newConn(s *Server, nc net.Conn, id uint64) *conn {
-	c := &conn{srv: s, nc: nc, id: id, channels: map[uint16]*slot{}, owned: map[*queue]struct{}{}}
+	c := &conn{srv: s, nc: nc, id: id, channels: map[uint16]*slot{}, owned: map[*queue]struct{}{},
+		drained: make(chan struct{}, 1)}
 	c.ctx, c.cancel = context.WithCancel(s.ctx)
 	c.log = s.log.With(zap.Uint64("conn", id), zap.String("remote", nc.RemoteAddr().String()))
 	return c
@@ -166,6 +176,17 @@ func (c *conn) readMethod() (wire.Method, error) {
 
 func (c *conn) serverProperties() wire.Table {
 	o := &c.srv.opts
+	caps := wire.Table{
+		"publisher_confirms":           true,
+		"exchange_exchange_bindings":   true,
+		"basic.nack":                   true,
+		"consumer_cancel_notify":       true,
+		"authentication_failure_close": true,
+		"per_consumer_qos":             true,
+	}
+	if o.MaxPendingPublishBytes > 0 {
+		caps["connection.blocked"] = true
+	}
 	return wire.Table{
 		"product":      o.Product,
 		"version":      o.Version,
@@ -173,16 +194,10 @@ func (c *conn) serverProperties() wire.Table {
 		"cluster_name": o.ClusterName,
 		"copyright":    "kubemq-proxy contributors",
 		"information":  "kubemq-proxy: AMQP 0-9-1 front-end storing every message in KubeMQ",
-		// Only what the proxy honours: no connection.blocked (never sent),
-		// no consumer priorities, no direct reply-to.
-		"capabilities": wire.Table{
-			"publisher_confirms":           true,
-			"exchange_exchange_bindings":   true,
-			"basic.nack":                   true,
-			"consumer_cancel_notify":       true,
-			"authentication_failure_close": true,
-			"per_consumer_qos":             true,
-		},
+		// Only what the proxy honours: no consumer priorities, no direct
+		// reply-to, and connection.blocked only while a pending publish
+		// bound can make it block.
+		"capabilities": caps,
 	}
 }
 
@@ -208,6 +223,7 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 	}
 	caps, _ := so.ClientProperties["capabilities"].(wire.Table)
 	c.cancelNotify, _ = caps["consumer_cancel_notify"].(bool)
+	c.blockNotify, _ = caps["connection.blocked"].(bool)
 	authFailureClose, _ := caps["authentication_failure_close"].(bool)
 	c.clientName, _ = so.ClientProperties["connection_name"].(string)
 	if c.clientName == "" {
@@ -338,6 +354,10 @@ func (c *conn) readLoop() {
 	hbTimeout := 2 * c.heartbeat
 	var armedAt time.Time
 	for {
+		if c.overPending() {
+			c.holdReads()
+			armedAt = time.Time{} // the time spent holding was not the client's silence
+		}
 		if hbTimeout > 0 && !c.isClosing() {
 			// Resetting the deadline on every frame is wasted work; a
 			// quarter of the timeout is precise enough.
@@ -483,6 +503,9 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 	if _, ok := m.(*wire.ChannelOpen); ok {
 		return wire.ChannelError("second 'channel.open' seen").OnMethod(m.ClassID(), m.MethodID())
 	}
+	// A method ends the discarding of an oversized body: the channel
+	// refused it and is closing; what follows is its close handshake.
+	s.discard = 0
 	if s.pub != nil {
 		if s.haveHdr {
 			return wire.UnexpectedFrame("expected content body, got non content body frame instead")
@@ -509,20 +532,22 @@ func (c *conn) handleHeader(f wire.Frame) error {
 	}
 	size, ok := wire.ContentBodySize(f.Payload)
 	if ok && size > uint64(c.srv.opts.MaxBodySize) {
-		// Discard the body as it comes; the channel reports the error.
-		s.tooLarge = size
-	} else {
-		h, err := wire.DecodeContentHeader(f.Payload)
-		if err != nil {
-			return err
-		}
-		s.hdr = h
+		// Refused on the header, before any of the body is read: the
+		// channel closes with 406 now, and the body frames still on the
+		// way are discarded as they come, unbuffered.
+		cmd := command{m: s.pub, tooLarge: size}
+		s.pub, s.discard = nil, size
+		c.dispatch(s, cmd)
+		return nil
 	}
+	h, err := wire.DecodeContentHeader(f.Payload)
+	if err != nil {
+		return err
+	}
+	s.hdr = h
 	s.haveHdr = true
 	s.remaining = size
-	if s.tooLarge == 0 {
-		s.body = make([]byte, 0, min(size, uint64(c.frameMax)))
-	}
+	s.body = make([]byte, 0, min(size, uint64(c.frameMax)))
 	if size == 0 {
 		c.completeContent(s)
 	}
@@ -531,17 +556,23 @@ func (c *conn) handleHeader(f wire.Frame) error {
 
 func (c *conn) handleBody(f wire.Frame) error {
 	s := c.channels[f.Channel]
+	n := uint64(len(f.Payload))
+	if s != nil && s.discard > 0 {
+		if n > s.discard {
+			return wire.UnexpectedFrame("content body frames exceed the declared body size")
+		}
+		s.discard -= n
+		return nil
+	}
 	if s == nil || s.pub == nil || !s.haveHdr {
 		return wire.UnexpectedFrame("expected method frame, got non method frame instead")
 	}
-	n := uint64(len(f.Payload))
 	if n > s.remaining {
 		return wire.UnexpectedFrame("content body frames exceed the declared body size")
 	}
-	if s.tooLarge == 0 {
-		s.body = append(s.body, f.Payload...)
-	}
+	s.body = append(s.body, f.Payload...)
 	s.remaining -= n
+	c.assembling += int64(n)
 	if s.remaining == 0 {
 		c.completeContent(s)
 	}
@@ -549,12 +580,15 @@ func (c *conn) handleBody(f wire.Frame) error {
 }
 
 func (c *conn) completeContent(s *slot) {
-	cmd := command{m: s.pub, body: s.body, tooLarge: s.tooLarge}
-	if s.tooLarge == 0 {
-		props := s.hdr.Properties
-		cmd.props = &props
+	props := s.hdr.Properties
+	cmd := command{m: s.pub, body: s.body, props: &props}
+	n := int64(len(s.body))
+	c.assembling -= n
+	if c.srv.opts.MaxPendingPublishBytes > 0 {
+		cmd.pending = n
+		c.pending.Add(n)
 	}
-	s.pub, s.haveHdr, s.body, s.remaining, s.tooLarge = nil, false, nil, 0, 0
+	s.pub, s.haveHdr, s.body, s.remaining = nil, false, nil, 0
 	s.hdr = wire.ContentHeader{}
 	c.dispatch(s, cmd)
 }
@@ -566,7 +600,70 @@ func (c *conn) dispatch(s *slot, cmd command) {
 	select {
 	case s.ch.cmds <- cmd:
 	case <-s.ch.done:
+		c.unpend(cmd.pending)
 	case <-c.ctx.Done():
+		c.unpend(cmd.pending)
+	}
+}
+
+// unpend releases the pending bytes of a publish that was stored, refused
+// or dropped, and wakes the reader if it waits for them. Any goroutine.
+func (c *conn) unpend(n int64) {
+	if n == 0 {
+		return
+	}
+	c.pending.Add(-n)
+	select {
+	case c.drained <- struct{}{}:
+	default:
+	}
+}
+
+// blockedReason is connection.blocked's reason text.
+const blockedReason = "pending publish bytes over limit"
+
+// overPending reports whether the reader must stop reading: the bytes
+// read and not yet stored are over the bound, and some of them belong to
+// complete publishes, which will drain (bytes of content still arriving
+// alone never block, or a body above the bound could never complete).
+func (c *conn) overPending() bool {
+	limit := c.srv.opts.MaxPendingPublishBytes
+	if limit <= 0 {
+		return false
+	}
+	p := c.pending.Load()
+	return p > 0 && p+c.assembling > limit && !c.isClosing()
+}
+
+// holdReads stops reading the socket until the pending bytes are down to
+// half the bound (hysteresis, so a busy publisher is not blocked and
+// unblocked on every message), as RabbitMQ's reader does in its blocked
+// state: the client's heartbeats wait in the socket meanwhile and missing
+// them is not held against it, while the writer keeps sending ours.
+func (c *conn) holdReads() {
+	limit := c.srv.opts.MaxPendingPublishBytes
+	c.srv.m.blocked.Inc()
+	defer c.srv.m.blocked.Dec()
+	c.log.Debug("reading paused: "+blockedReason, zap.Int64("pending", c.pending.Load()), zap.Int64("limit", limit))
+	if c.blockNotify {
+		c.w.method(0, &wire.ConnectionBlocked{Reason: blockedReason})
+	}
+	for {
+		p := c.pending.Load()
+		if p == 0 || p+c.assembling <= limit/2 {
+			break
+		}
+		select {
+		case <-c.drained:
+		case <-c.ctx.Done():
+			return // closing: the reader goes on to read the close handshake
+		case <-c.w.done:
+			return // the socket failed: the next read says so
+		}
+	}
+	c.log.Debug("reading resumed", zap.Int64("pending", c.pending.Load()))
+	if c.blockNotify {
+		c.w.method(0, &wire.ConnectionUnblocked{})
 	}
 }
 

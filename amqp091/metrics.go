@@ -6,7 +6,7 @@ import (
 
 // metrics are the front-end's Prometheus series.
 type metrics struct {
-	connections, channels, consumers                                         prometheus.Gauge
+	connections, channels, consumers, blocked                                prometheus.Gauge
 	published, unroutable, routed, delivered, acked, requeued, storeFailures prometheus.Counter
 	confirms                                                                 *prometheus.CounterVec
 }
@@ -22,6 +22,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connections:   g("connections", "Open AMQP connections."),
 		channels:      g("channels", "Open AMQP channels."),
 		consumers:     g("consumers", "Active basic.consume consumers."),
+		blocked:       g("blocked_connections", "Connections not read from because their pending publish bytes are over the limit."),
 		published:     c("published_total", "Messages published by clients."),
 		unroutable:    c("unroutable_total", "Published messages that reached no queue."),
 		routed:        c("routed_total", "Queue copies of published messages sent to KubeMQ."),
@@ -33,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "confirms_total", Help: "Publisher confirms sent, by kind (ack, nack)."}, []string{"kind"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.published, m.unroutable,
+		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.blocked, m.published, m.unroutable,
 			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms} {
 			// A second Server on the same registry (tests) keeps counting
 			// in its own series; registration errors are not fatal.

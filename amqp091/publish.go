@@ -19,6 +19,10 @@ import (
 // publish routes one message and stores a copy in every queue it reaches.
 func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	c := ch.c
+	// The body's pending bytes are released when publish returns, unless
+	// they were handed on to the stores below.
+	held := cmd.pending
+	defer func() { c.unpend(held) }()
 	if m.Immediate {
 		return wire.NotImplemented("immediate=true")
 	}
@@ -77,22 +81,41 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 			Policy: kubemqclient.QueuePolicy{Expiration: exp}})
 	}
 	if ch.tx != nil {
+		// Not counted as pending until the commit: a transaction larger
+		// than the bound would otherwise stop the reader before the
+		// tx.commit that stores it.
 		ch.tx.msgs = append(ch.tx.msgs, msgs...)
 		return nil
 	}
-	var done *pubDone
+	var seq uint64
 	if ch.confirm {
-		seq := ch.confirms.next()
+		seq = ch.confirms.next()
 		if len(msgs) == 0 {
 			ch.confirms.complete(seq, true)
 			return nil
 		}
-		t := &ch.confirms
-		done = newPubDone(len(msgs), func(ok bool) { t.complete(seq, ok) })
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	var done *pubDone
+	if ch.confirm || held > 0 {
+		n, confirm, t := held, ch.confirm, &ch.confirms
+		held = 0
+		done = newPubDone(len(msgs), func(ok bool) {
+			c.unpend(n)
+			if confirm {
+				t.complete(seq, ok)
+			}
+		})
 	}
 	c.srv.m.routed.Add(float64(len(msgs)))
 	for i := range msgs {
 		if !c.srv.pub.submit(c.ctx, msgs[i], done) {
+			// submit resolved msgs[i]; the rest will never be stored.
+			for range msgs[i+1:] {
+				done.resolve(false)
+			}
 			return errShutdown()
 		}
 	}

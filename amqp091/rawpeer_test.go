@@ -310,12 +310,12 @@ func TestRawTuneLimits(t *testing.T) {
 	start := p.recv().(*wire.ConnectionStart)
 	caps, _ := start.ServerProperties["capabilities"].(wire.Table)
 	for _, c := range []string{"publisher_confirms", "exchange_exchange_bindings", "basic.nack", "consumer_cancel_notify",
-		"authentication_failure_close", "per_consumer_qos"} {
+		"authentication_failure_close", "per_consumer_qos", "connection.blocked"} {
 		if caps[c] != true {
 			t.Errorf("capability %s missing", c)
 		}
 	}
-	for _, c := range []string{"connection.blocked", "direct_reply_to", "consumer_priorities"} {
+	for _, c := range []string{"direct_reply_to", "consumer_priorities"} {
 		if _, ok := caps[c]; ok {
 			t.Errorf("capability %s advertised but not honoured", c)
 		}

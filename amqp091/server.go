@@ -74,6 +74,21 @@ type Options struct {
 	Product, Version, ClusterName string
 	// ReadyCheck is how often Ready is polled; default 1s.
 	ReadyCheck time.Duration
+	// MaxPendingPublishBytes bounds the message body bytes one connection
+	// has read and KubeMQ has not yet stored (or refused). Above it the
+	// connection stops reading its socket (TCP back-pressure), telling
+	// clients that announced the capability with connection.blocked, until
+	// the pending bytes are down to half of it. Default 64 MiB; negative
+	// disables the bound.
+	MaxPendingPublishBytes int64
+	// MetricsQueueLabels is how many distinct queues get their own labels
+	// in the per-queue message and byte counters; later queues share the
+	// label "_other". Default 100; negative: every queue is "_other".
+	MetricsQueueLabels int
+
+	// backend replaces Client for publishing and queue counts (tests: a
+	// slow or failing KubeMQ).
+	backend backend
 }
 
 func (o *Options) setDefaults() error {
@@ -124,6 +139,18 @@ func (o *Options) setDefaults() error {
 	}
 	if o.ReadyCheck <= 0 {
 		o.ReadyCheck = time.Second
+	}
+	if o.MaxPendingPublishBytes == 0 {
+		o.MaxPendingPublishBytes = 64 << 20
+	}
+	if o.MaxPendingPublishBytes < 0 {
+		o.MaxPendingPublishBytes = 0
+	}
+	if o.MetricsQueueLabels == 0 {
+		o.MetricsQueueLabels = 100
+	}
+	if o.MetricsQueueLabels < 0 {
+		o.MetricsQueueLabels = 0
 	}
 	return users(o.Users).validate()
 }
@@ -177,6 +204,9 @@ func New(opts Options) (*Server, error) {
 		for _, v := range opts.Vhosts {
 			s.vhosts[vhostKey(v)] = true
 		}
+	}
+	if opts.backend != nil {
+		s.b = opts.backend
 	}
 	if s.deliveries == nil {
 		m, err := delivery.NewManager(delivery.NewKubeMQBackend(opts.Client), delivery.Options{Logger: opts.Logger}, opts.Metrics)

@@ -235,7 +235,7 @@ func waitReady(httpAddr string, d time.Duration) error {
 }
 
 // metrics is one /metrics scrape: every sample summed over its labels,
-// by metric name.
+// by metric name, and each labelled series as printed (name{k="v",...}).
 type metrics map[string]float64
 
 // Goroutines and RSS are the Go and process collectors' figures.
@@ -277,6 +277,9 @@ func scrape(httpAddr string) (metrics, error) {
 			continue
 		}
 		m[strings.TrimSpace(name)] += v
+		if series := line[:i]; series != name {
+			m[series] = v // the labelled series too, for breakdowns
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err

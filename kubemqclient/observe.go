@@ -16,7 +16,7 @@ import "time"
 // downstream_sync's error. The *_open and subscribe_open names time opening
 // a stream (a refused subscription shows in its Recv, not here).
 const (
-	OpPing                   = "ping"
+	OpPing                   = "ping" // the health loop's pings too
 	OpPublishEvents          = "publish_events"
 	OpSendQueue              = "send_queue"
 	OpSendQueueBatch         = "send_queue_batch"

@@ -158,6 +158,7 @@ func (ch *channel) handle(cmd command) {
 		return
 	}
 	ch.log.Debug("channel error", zap.Uint16("code", e.Code), zap.String("text", e.Text))
+	ch.c.srv.m.closed(e.Code, "channel")
 	ch.shutdown()
 	ch.closing = true
 	ch.send(e.CloseMethod())

@@ -313,6 +313,7 @@ func (c *conn) negotiate(to *wire.ConnectionTuneOk) error {
 
 // closeDuringHandshake sends connection.close and waits briefly for close-ok.
 func (c *conn) closeDuringHandshake(hw *wire.FrameWriter, e *wire.Error) {
+	c.srv.m.closed(e.Code, "connection")
 	c.nc.SetDeadline(time.Now().Add(closeOkTimeout))
 	if hw.WriteMethod(0, e.CloseMethod()) != nil || hw.Flush() != nil {
 		return
@@ -343,6 +344,7 @@ func (c *conn) fail(e *wire.Error) {
 	}
 	c.closeMu.Unlock()
 	c.log.Info("closing connection", zap.Uint16("code", e.Code), zap.String("text", e.Text))
+	c.srv.m.closed(e.Code, "connection")
 	c.cancel()
 	// A peer that stopped reading must not hold the close up for long.
 	c.nc.SetWriteDeadline(time.Now().Add(closeOkTimeout))

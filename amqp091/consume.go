@@ -369,9 +369,11 @@ func (cs *consumer) deliver(ds []*delivery.Delivery) {
 			ch.order = append(ch.order, tag)
 			cs.outstanding++
 		}
+		// Counted first, so a client that has the message sees it counted.
+		ch.c.srv.m.delivered.Inc()
+		cs.q.counters().out(len(d.Body))
 		ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
 			Redelivered: d.Redelivered, Exchange: dec[i].exchange, RoutingKey: dec[i].key}, props: &dec[i].props, body: d.Body})
-		ch.c.srv.m.delivered.Inc()
 	}
 	ch.dmu.Unlock()
 	if len(acks) > 0 {
@@ -442,10 +444,11 @@ func (ch *channel) get(m *wire.BasicGet) error {
 		ch.unacked[tag] = &unacked{d: d, h: h, queue: q, tag: tag}
 		ch.order = append(ch.order, tag)
 	}
+	c.srv.m.delivered.Inc()
+	q.counters().out(len(d.Body))
 	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: ex,
 		RoutingKey: rk, MessageCount: left}, props: &props, body: d.Body})
 	ch.dmu.Unlock()
-	c.srv.m.delivered.Inc()
 	if m.NoAck {
 		h.Ack(d.LeaseID)
 	}

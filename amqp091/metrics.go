@@ -1,6 +1,9 @@
 package amqp091
 
 import (
+	"strconv"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -9,15 +12,40 @@ type metrics struct {
 	connections, channels, consumers, blocked                                prometheus.Gauge
 	published, unroutable, routed, delivered, acked, requeued, storeFailures prometheus.Counter
 	confirms                                                                 *prometheus.CounterVec
+	errors                                                                   *prometheus.CounterVec
+
+	queueMsgsIn, queueBytesIn, queueMsgsOut, queueBytesOut *prometheus.CounterVec
+
+	// Per-queue series are bounded: the first maxQueues distinct queues get
+	// their own labels, the rest share other.
+	queueMu   sync.Mutex // guards queues
+	queues    map[queueLabel]*queueStats
+	maxQueues int
+	other     *queueStats
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+type queueLabel struct{ vhost, queue string }
+
+// queueStats are one label set's per-queue counters, resolved once.
+type queueStats struct {
+	msgsIn, bytesIn, msgsOut, bytesOut prometheus.Counter
+}
+
+// otherQueue labels the queues beyond the per-queue label bound.
+const otherQueue = "_other"
+
+func newMetrics(reg prometheus.Registerer, maxQueues int) *metrics {
+	const ns, sub = "kubemq_proxy", "amqp"
 	g := func(name, help string) prometheus.Gauge {
-		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kubemq_proxy", Subsystem: "amqp", Name: name, Help: help})
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
 	}
 	c := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kubemq_proxy", Subsystem: "amqp", Name: name, Help: help})
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
 	}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+	}
+	const perQueue = " Queues beyond the configured label bound are counted under vhost and queue \"" + otherQueue + "\"."
 	m := &metrics{
 		connections:   g("connections", "Open AMQP connections."),
 		channels:      g("channels", "Open AMQP channels."),
@@ -30,16 +58,66 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		acked:         c("acked_total", "Deliveries settled by the client (ack, or reject/nack without requeue)."),
 		requeued:      c("requeued_total", "Deliveries given back for redelivery."),
 		storeFailures: c("store_failures_total", "Queue copies KubeMQ did not store."),
-		confirms: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kubemq_proxy", Subsystem: "amqp",
-			Name: "confirms_total", Help: "Publisher confirms sent, by kind (ack, nack)."}, []string{"kind"}),
+		confirms:      cv("confirms_total", "Publisher confirms sent, by kind (ack, nack).", "kind"),
+		errors: cv("errors_total", "Connections (scope=connection) and channels (scope=channel) the server closed, by reply code.",
+			"code", "scope"),
+		queueMsgsIn:   cv("queue_messages_in_total", "Message copies KubeMQ stored in a queue."+perQueue, "vhost", "queue"),
+		queueBytesIn:  cv("queue_bytes_in_total", "Body bytes of the message copies KubeMQ stored in a queue."+perQueue, "vhost", "queue"),
+		queueMsgsOut:  cv("queue_messages_out_total", "Messages delivered from a queue (basic.deliver, basic.get-ok)."+perQueue, "vhost", "queue"),
+		queueBytesOut: cv("queue_bytes_out_total", "Body bytes of the messages delivered from a queue."+perQueue, "vhost", "queue"),
+		queues:        map[queueLabel]*queueStats{},
+		maxQueues:     maxQueues,
 	}
+	m.other = m.statsFor(queueLabel{otherQueue, otherQueue})
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.blocked, m.published, m.unroutable,
-			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms} {
+			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms, m.errors,
+			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut} {
 			// A second Server on the same registry (tests) keeps counting
 			// in its own series; registration errors are not fatal.
 			_ = reg.Register(col)
 		}
 	}
 	return m
+}
+
+func (m *metrics) statsFor(l queueLabel) *queueStats {
+	return &queueStats{
+		msgsIn: m.queueMsgsIn.WithLabelValues(l.vhost, l.queue), bytesIn: m.queueBytesIn.WithLabelValues(l.vhost, l.queue),
+		msgsOut: m.queueMsgsOut.WithLabelValues(l.vhost, l.queue), bytesOut: m.queueBytesOut.WithLabelValues(l.vhost, l.queue),
+	}
+}
+
+// queue returns the counters of queue name in vhost (its own, or the
+// shared "_other" ones once the bound is reached).
+func (m *metrics) queue(vhost, name string) *queueStats {
+	l := queueLabel{vhost, name}
+	m.queueMu.Lock()
+	defer m.queueMu.Unlock()
+	if st := m.queues[l]; st != nil {
+		return st
+	}
+	if len(m.queues) >= m.maxQueues {
+		return m.other
+	}
+	st := m.statsFor(l)
+	m.queues[l] = st
+	return st
+}
+
+// closed counts a close the server initiated.
+func (m *metrics) closed(code uint16, scope string) {
+	m.errors.WithLabelValues(strconv.Itoa(int(code)), scope).Inc()
+}
+
+func (st *queueStats) in(bytes int) {
+	if st != nil {
+		st.msgsIn.Inc()
+		st.bytesIn.Add(float64(bytes))
+	}
+}
+
+func (st *queueStats) out(bytes int) {
+	st.msgsOut.Inc()
+	st.bytesOut.Add(float64(bytes))
 }

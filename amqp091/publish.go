@@ -65,7 +65,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	if err != nil {
 		return wire.PreconditionFailed("cannot store message: %v", err)
 	}
-	msgs := make([]kubemqclient.QueueMessage, 0, len(routes))
+	msgs := make([]pubCopy, 0, len(routes))
 	for _, name := range routes {
 		q := c.vh.lookupQueue(name)
 		if q == nil {
@@ -77,8 +77,8 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		if q.ttl > 0 && (exp == 0 || q.ttl < exp) {
 			exp = q.ttl
 		}
-		msgs = append(msgs, kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: cmd.body, Tags: tags,
-			Policy: kubemqclient.QueuePolicy{Expiration: exp}})
+		msgs = append(msgs, pubCopy{msg: kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: cmd.body, Tags: tags,
+			Policy: kubemqclient.QueuePolicy{Expiration: exp}}, stats: q.counters(), log: ch.log})
 	}
 	if ch.tx != nil {
 		// Not counted as pending until the commit: a transaction larger
@@ -148,6 +148,15 @@ func parseExpiration(s string) (int64, string) {
 		return 0, "{value_too_large," + s + "}"
 	}
 	return n, ""
+}
+
+// pubCopy is one queue's copy of a published message, with what the
+// publisher reports its storing to: the queue's counters and the
+// publishing channel's logger.
+type pubCopy struct {
+	msg   kubemqclient.QueueMessage
+	stats *queueStats
+	log   *zap.Logger
 }
 
 // pubDone counts the copies of one publish still being stored; fn runs
@@ -290,7 +299,7 @@ type publisher struct {
 }
 
 type pubItem struct {
-	msg  kubemqclient.QueueMessage
+	pubCopy
 	done *pubDone
 	// auth is the publishing connection's KubeMQ token (password
 	// pass-through); a batch carries copies of one token only.
@@ -332,9 +341,9 @@ func (p *publisher) lane(channel string) chan pubItem {
 
 // submit queues one copy; it waits while the lane is full (back-pressure
 // on the publishing channel) and gives up when ctx ends.
-func (p *publisher) submit(ctx context.Context, m kubemqclient.QueueMessage, done *pubDone) bool {
+func (p *publisher) submit(ctx context.Context, m pubCopy, done *pubDone) bool {
 	select {
-	case p.lane(m.Channel) <- pubItem{m, done, authOf(ctx)}:
+	case p.lane(m.msg.Channel) <- pubItem{m, done, authOf(ctx)}:
 		return true
 	case <-ctx.Done():
 		done.resolve(false)
@@ -357,7 +366,7 @@ func itemSize(m *kubemqclient.QueueMessage) int {
 
 func (p *publisher) run(in chan pubItem) {
 	batch := make([]kubemqclient.QueueMessage, 0, p.maxBatch)
-	dones := make([]*pubDone, 0, p.maxBatch)
+	items := make([]pubItem, 0, p.maxBatch)
 	var next *pubItem // taken from in but carrying another token than the batch
 	for {
 		var it pubItem
@@ -371,15 +380,15 @@ func (p *publisher) run(in chan pubItem) {
 				for {
 					select {
 					case it = <-in:
-						batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
-						p.send(it.auth, batch, dones)
+						batch, items = append(batch[:0], it.msg), append(items[:0], it)
+						p.send(it.auth, batch, items)
 					default:
 						return
 					}
 				}
 			}
 		}
-		batch, dones = append(batch[:0], it.msg), append(dones[:0], it.done)
+		batch, items = append(batch[:0], it.msg), append(items[:0], it)
 		auth := it.auth
 		size := itemSize(&it.msg)
 	fill:
@@ -390,19 +399,20 @@ func (p *publisher) run(in chan pubItem) {
 					next = &it
 					break fill
 				}
-				batch, dones = append(batch, it.msg), append(dones, it.done)
+				batch, items = append(batch, it.msg), append(items, it)
 				size += itemSize(&it.msg)
 			default:
 				break fill
 			}
 		}
-		p.send(auth, batch, dones)
+		p.send(auth, batch, items)
 		clear(batch)
-		clear(dones)
+		clear(items)
 	}
 }
 
-func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, dones []*pubDone) {
+// send stores one batch; items[i] is batch[i]'s item.
+func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items []pubItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	if auth.set {
 		ctx = kubemqclient.WithToken(ctx, auth.token)
@@ -410,18 +420,36 @@ func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, dones 
 	results, err := p.b.SendQueueMessages(ctx, batch)
 	cancel()
 	if err != nil {
-		p.log.Warn("storing published messages failed", zap.Int("messages", len(batch)), zap.Error(err))
+		// Once per publishing channel, on its logger (connection and
+		// channel ids): a batch may mix connections.
+		counts := map[*zap.Logger]int{}
+		for i := range items {
+			counts[p.logFor(&items[i])]++
+		}
+		for l, n := range counts {
+			l.Warn("storing published messages failed", zap.Int("messages", n), zap.Error(err))
+		}
 	}
-	for i, d := range dones {
+	for i := range items {
+		it := &items[i]
 		ok := err == nil && i < len(results) && results[i].Err == nil
-		if !ok {
+		if ok {
+			it.stats.in(len(it.msg.Body))
+		} else {
 			p.failures()
 			if err == nil && i < len(results) {
-				p.log.Warn("storing a published message failed", zap.String("queue", batch[i].Channel), zap.Error(results[i].Err))
+				p.logFor(it).Warn("storing a published message failed", zap.String("queue", it.msg.Channel), zap.Error(results[i].Err))
 			}
 		}
-		d.resolve(ok)
+		it.done.resolve(ok)
 	}
+}
+
+func (p *publisher) logFor(it *pubItem) *zap.Logger {
+	if it.log != nil {
+		return it.log
+	}
+	return p.log
 }
 
 // close stores what is queued and stops the lanes.
@@ -435,7 +463,7 @@ func (p *publisher) close() {
 // queues: copies are stored in batches, and a failure leaves the ones
 // already stored in place.
 type txState struct {
-	msgs    []kubemqclient.QueueMessage
+	msgs    []pubCopy
 	settles []*unacked // acked (requeue=false) or nacked inside the transaction
 	requeue []bool
 }

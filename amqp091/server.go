@@ -197,7 +197,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts: opts, log: opts.Logger.Named("amqp091"), b: opts.Client, deliveries: opts.Deliveries,
 		users: users(opts.Users), listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
-		m: newMetrics(opts.Metrics),
+		m: newMetrics(opts.Metrics, opts.MetricsQueueLabels),
 	}
 	if len(opts.Vhosts) > 0 {
 		s.vhosts = map[string]bool{}

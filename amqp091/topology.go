@@ -238,6 +238,7 @@ type queue struct {
 	// getters counts basic.get calls waiting on this queue: consumers do
 	// not read ahead meanwhile (they would hide messages from them).
 	getters atomic.Int32
+	stats   atomic.Pointer[queueStats] // resolved by counters
 
 	// Guarded by vh.mu.
 	consumers         map[*consumer]struct{}
@@ -253,6 +254,20 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 		q.ttl = time.Duration(ms) * time.Millisecond
 	}
 	return q
+}
+
+// counters returns q's per-queue metrics, resolved on first use.
+func (q *queue) counters() *queueStats {
+	if st := q.stats.Load(); st != nil {
+		return st
+	}
+	vh := q.vh.key
+	if vh == "default" {
+		vh = "/" // as clients name it
+	}
+	st := q.vh.top.srv.m.queue(vh, q.name)
+	q.stats.Store(st)
+	return st
 }
 
 func (v *vhost) lookupQueue(name string) *queue {

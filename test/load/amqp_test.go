@@ -297,12 +297,14 @@ func TestLoadAMQP(t *testing.T) {
 	channels := nConns * nChans
 	report(t, "amqp conns=%d channels=%d heartbeat=%v hold=%v rss_before=%.1fMiB rss_conns=%.1fMiB rss_held=%.1fMiB rss_peak=%.1fMiB rss_after=%.1fMiB "+
 		"per_conn_kib=%.1f (conn_only_kib=%.1f per_channel_kib=%.1f) goroutines_before=%.0f goroutines_conns=%.0f goroutines_held=%.0f goroutines_after=%.0f "+
-		"goroutines_per_conn=%.2f (conn_only=%.2f per_channel=%.2f)",
+		"goroutines_per_conn=%.2f (conn_only=%.2f per_channel=%.2f) heap_before=%.1fMiB heap_conns=%.1fMiB heap_held=%.1fMiB heap_conn_only_kib=%.1f heap_per_channel_kib=%.1f",
 		nConns, channels, hb, hold, mib(before.RSS()), mib(connsOnly.RSS()), mib(held.RSS()), mib(peak.RSS()), mib(after.RSS()),
 		(held.RSS()-before.RSS())/float64(nConns)/1024,
 		(connsOnly.RSS()-before.RSS())/float64(nConns)/1024, (held.RSS()-connsOnly.RSS())/float64(channels)/1024,
 		before.Goroutines(), connsOnly.Goroutines(), held.Goroutines(), after.Goroutines(),
 		(held.Goroutines()-before.Goroutines())/float64(nConns),
-		(connsOnly.Goroutines()-before.Goroutines())/float64(nConns), (held.Goroutines()-connsOnly.Goroutines())/float64(channels))
+		(connsOnly.Goroutines()-before.Goroutines())/float64(nConns), (held.Goroutines()-connsOnly.Goroutines())/float64(channels),
+		mib(before.Heap()), mib(connsOnly.Heap()), mib(held.Heap()),
+		(connsOnly.Heap()-before.Heap())/float64(nConns)/1024, (held.Heap()-connsOnly.Heap())/float64(channels)/1024)
 	e.stop()
 }

@@ -242,6 +242,11 @@ type metrics map[string]float64
 func (m metrics) Goroutines() float64 { return m["go_goroutines"] }
 func (m metrics) RSS() float64        { return m["process_resident_memory_bytes"] }
 
+// Heap is the Go heap in use: unlike RSS, it falls as soon as a GC has
+// freed what the clients held, so it tells a leak from pages the runtime
+// has not returned to the OS yet.
+func (m metrics) Heap() float64 { return m["go_memstats_heap_inuse_bytes"] }
+
 // scrape reads /metrics; it fails when the Go or process collector is
 // missing, since every figure of the suite comes from them.
 func scrape(httpAddr string) (metrics, error) {

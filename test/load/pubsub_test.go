@@ -290,12 +290,13 @@ func TestLoadPubSub(t *testing.T) {
 
 	report(t, "pubsub streams=%d messages_per_stream=%d delivered=%d dups=%d rss_before_subs=%.1fMiB rss_subs=%.1fMiB rss_before=%.1fMiB rss_held=%.1fMiB rss_after=%.1fMiB "+
 		"per_stream_kib=%.1f per_subscription_kib=%.1f per_runtime_kib=%.1f goroutines_before_subs=%.0f goroutines_subs=%.0f goroutines_before=%.0f goroutines_held=%.0f goroutines_after=%.0f "+
-		"goroutines_per_stream=%.2f goroutines_per_runtime=%.2f",
+		"goroutines_per_stream=%.2f goroutines_per_runtime=%.2f heap_before=%.1fMiB heap_held=%.1fMiB heap_per_stream_kib=%.1f",
 		nStreams, nMsgs, nStreams*nMsgs-int(ended.Load())*nMsgs, totalDups,
 		mib(beforeSubs.RSS()), mib(created.RSS()), mib(before.RSS()), mib(held.RSS()), mib(after.RSS()),
 		(held.RSS()-before.RSS())/float64(nStreams)/1024, (created.RSS()-beforeSubs.RSS())/float64(nStreams)/1024,
 		(before.RSS()-created.RSS())/float64(nStreams)/1024,
 		beforeSubs.Goroutines(), created.Goroutines(), before.Goroutines(), held.Goroutines(), after.Goroutines(),
-		(held.Goroutines()-before.Goroutines())/float64(nStreams), (before.Goroutines()-created.Goroutines())/float64(nStreams))
+		(held.Goroutines()-before.Goroutines())/float64(nStreams), (before.Goroutines()-created.Goroutines())/float64(nStreams),
+		mib(before.Heap()), mib(held.Heap()), (held.Heap()-before.Heap())/float64(nStreams)/1024)
 	e.stop()
 }

@@ -122,8 +122,10 @@ func TestLoadAMQP(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := amqpRoundTrip(ch, queues[0], "warmup"); err != nil {
-			t.Fatal(err)
+		for _, q := range queues {
+			if err := amqpRoundTrip(ch, q, "warmup"); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)

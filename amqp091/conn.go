@@ -706,7 +706,7 @@ func (c *conn) teardown() {
 	c.owned = nil
 	c.ownedMu.Unlock()
 	for _, q := range owned {
-		c.srv.dropQueue(q, "exclusive owner closed")
+		c.srv.dropQueue(q, "exclusive owner closed", c.log)
 	}
 	if c.w != nil {
 		c.w.finish(closeOkTimeout)

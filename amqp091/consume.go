@@ -156,7 +156,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
 	q.vh.mu.Unlock()
 	if drop {
-		ch.c.srv.dropQueueAsync(q, "auto-delete queue lost its last consumer")
+		ch.c.srv.dropQueueAsync(q, "auto-delete queue lost its last consumer", ch.log)
 	}
 }
 

@@ -472,13 +472,14 @@ func (s *Server) unlinkQueue(ctx context.Context, q *queue, why string) error {
 // dropQueue deletes q on the proxy's behalf (exclusive owner gone,
 // auto-delete): it leaves the topology at once, so the name is free again,
 // and its messages are purged on a tracked goroutine, so nobody waits for
-// KubeMQ's purge. Failures are logged.
-func (s *Server) dropQueue(q *queue, why string) {
+// KubeMQ's purge. Failures are logged on log (the connection or channel
+// the deletion is for).
+func (s *Server) dropQueue(q *queue, why string, log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	err := s.unlinkQueue(ctx, q, why)
 	cancel()
 	if err != nil {
-		s.log.Warn("deleting queue failed", zap.String("queue", q.name), zap.String("reason", why), zap.Error(err))
+		log.Warn("deleting queue failed", zap.String("queue", q.name), zap.String("reason", why), zap.Error(err))
 		return
 	}
 	s.wg.Add(1)
@@ -487,17 +488,17 @@ func (s *Server) dropQueue(q *queue, why string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := s.purge(ctx, q); err != nil {
-			s.log.Warn("purging deleted queue failed", zap.String("queue", q.name), zap.Error(err))
+			log.Warn("purging deleted queue failed", zap.String("queue", q.name), zap.Error(err))
 		}
 	}()
 }
 
 // dropQueueAsync runs dropQueue on a tracked goroutine, for callers that
 // must not wait for the registry either.
-func (s *Server) dropQueueAsync(q *queue, why string) {
+func (s *Server) dropQueueAsync(q *queue, why string, log *zap.Logger) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		s.dropQueue(q, why)
+		s.dropQueue(q, why, log)
 	}()
 }

@@ -236,7 +236,9 @@ func TestLoadAMQP(t *testing.T) {
 		}
 		if n := closed.Load(); n > 0 {
 			closedMu.Lock()
-			t.Fatalf("%d connections closed by the server %v into the hold: %v", n, time.Since(heldAt).Round(time.Millisecond), closedErr)
+			first := append([]string(nil), closedErr...)
+			closedMu.Unlock()
+			t.Fatalf("%d connections closed %v into the hold: %v", n, time.Since(heldAt).Round(time.Millisecond), first)
 		}
 	}
 	held := e.scrape()
@@ -257,7 +259,7 @@ func TestLoadAMQP(t *testing.T) {
 	// Nothing may have been closed, channels included.
 	stopWatch()
 	if n := closed.Load(); n > 0 {
-		t.Fatalf("%d connections closed by the server: %v", n, closedErr)
+		t.Fatalf("%d connections closed during the hold: %v", n, closedErr)
 	}
 	var closedChans []string
 	for i, c := range clients {

@@ -23,8 +23,18 @@ import (
 var (
 	buildOnce sync.Once
 	binPath   string
+	buildDir  string // removed by TestMain; "" with LOAD_PROXY_BIN
 	buildErr  error
 )
+
+// TestMain removes the built binary: every run would leave ~30 MB behind.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
 
 // proxyBinary builds kubemq-proxy once per test binary, with the race
 // detector when the tests run with it, so a race inside the proxy under
@@ -42,6 +52,7 @@ func proxyBinary(t testing.TB) string {
 			buildErr = err
 			return
 		}
+		buildDir = dir
 		binPath = filepath.Join(dir, "kubemq-proxy")
 		args := []string{"build", "-o", binPath}
 		if raceEnabled {

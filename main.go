@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,9 @@ func main() {
 		mode, args = args[0], args[1:]
 	}
 	cfg, err := loadConfig(args, os.Environ())
+	if err == nil && mode == "proxy" && cfg.Embedded.TLSCertFile != "" {
+		err = errors.New("embedded.tls_cert_file and embedded.tls_key_file apply to `kubemq-proxy embedded` only (the proxy reaches an in-process embedded server through memory)")
+	}
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
@@ -129,7 +133,15 @@ func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	srv, err := embedded.New(embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, Logger: log.Named("embedded")})
+	opts := embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, Logger: log.Named("embedded")}
+	if cfg.Embedded.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.Embedded.TLSCertFile, cfg.Embedded.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("embedded.tls_cert_file: %w", err)
+		}
+		opts.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	srv, err := embedded.New(opts)
 	if err != nil {
 		return err
 	}
@@ -138,7 +150,7 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 		srv.Close()
 		return fmt.Errorf("embedded.listen: %w", err)
 	}
-	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir))
+	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	select {

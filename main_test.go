@@ -77,22 +77,34 @@ func TestBadConfigIsOneLine(t *testing.T) {
 	}
 }
 
-// TestExitCode2 runs the real binary's main with a bad flag.
+// TestExitCode2 runs the real binary's main with bad settings: one error
+// line naming the key, exit code 2.
 func TestExitCode2(t *testing.T) {
-	if os.Getenv("KMQP_TEST_MAIN") == "1" {
-		os.Args = []string{"kubemq-proxy", "--log.level", "loud"}
+	cases := map[string]struct {
+		args []string
+		key  string
+	}{
+		"bad value": {[]string{"--log.level", "loud"}, "log.level"},
+		// The embedded server's TLS is for the backend-only mode.
+		"embedded tls in proxy mode": {[]string{"--embedded.tls_cert_file", "main_test.go", "--embedded.tls_key_file", "main_test.go"}, "embedded.tls_cert_file"},
+		"embedded tls half set":      {[]string{"embedded", "--embedded.tls_cert_file", "main_test.go"}, "embedded.tls_cert_file"},
+	}
+	if name := os.Getenv("KMQP_TEST_MAIN"); name != "" {
+		os.Args = append([]string{"kubemq-proxy"}, cases[name].args...)
 		main()
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestExitCode2$")
-	cmd.Env = append(os.Environ(), "KMQP_TEST_MAIN=1")
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-		t.Fatalf("exit: %v, output %q", err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 1 || !strings.Contains(lines[0], "log.level") {
-		t.Fatalf("want one error line naming log.level, got %q", out)
+	for name, c := range cases {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestExitCode2$")
+		cmd.Env = append(os.Environ(), "KMQP_TEST_MAIN="+name)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("%s: exit: %v, output %q", name, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 1 || !strings.Contains(lines[0], c.key) {
+			t.Fatalf("%s: want one error line naming %s, got %q", name, c.key, out)
+		}
 	}
 }

@@ -93,6 +93,10 @@ type EmbeddedConfig struct {
 	DataDir string `mapstructure:"data_dir"`
 	// Strict refuses usage patterns that are hazardous on a real KubeMQ.
 	Strict bool `mapstructure:"strict"`
+	// TLSCertFile and TLSKeyFile (PEM) make `kubemq-proxy embedded` serve
+	// gRPC over TLS, like a KubeMQ with TLS enabled.
+	TLSCertFile string `mapstructure:"tls_cert_file"`
+	TLSKeyFile  string `mapstructure:"tls_key_file"`
 }
 
 // RegistryConfig is the durable topology log.
@@ -163,6 +167,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("kubemq.address: %q is not host:port: %v", c.KubeMQ.Address, err)
 		}
 	}
+	if (c.Embedded.TLSCertFile == "") != (c.Embedded.TLSKeyFile == "") {
+		return errors.New("embedded.tls_cert_file and embedded.tls_key_file must be set together")
+	}
 	if (c.AMQP.CertFile == "") != (c.AMQP.KeyFile == "") {
 		return errors.New("amqp.cert_file and amqp.key_file must be set together")
 	}
@@ -170,6 +177,7 @@ func (c *Config) Validate() error {
 		{"amqp.cert_file", c.AMQP.CertFile}, {"amqp.key_file", c.AMQP.KeyFile},
 		{"amqp.client_ca_file", c.AMQP.ClientCAFile}, {"kubemq.ca_file", c.KubeMQ.CAFile},
 		{"kubemq.cert_file", c.KubeMQ.CertFile}, {"kubemq.key_file", c.KubeMQ.KeyFile},
+		{"embedded.tls_cert_file", c.Embedded.TLSCertFile}, {"embedded.tls_key_file", c.Embedded.TLSKeyFile},
 	} {
 		if f.val == "" {
 			continue

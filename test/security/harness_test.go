@@ -64,6 +64,12 @@ func startProxy(t *testing.T, want []string, args ...string) *proc {
 	t.Helper()
 	base := []string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "127.0.0.1:0",
 		"--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict", "--log.level", "debug"}
+	if len(args) > 0 && args[0] == "embedded" {
+		// The backend alone: the subcommand comes first, and only its own
+		// listener applies.
+		base = append([]string{"embedded"}, "--embedded.listen", "127.0.0.1:0", "--embedded.strict", "--log.level", "debug", "--http.listen", "127.0.0.1:0")
+		args = args[1:]
+	}
 	cmd := exec.Command(proxyBinary(t), append(base, args...)...)
 	cmd.Dir = t.TempDir() // no ./config.yaml there
 	stderr, err := cmd.StderrPipe()

@@ -287,3 +287,24 @@ func TestPasswordAsToken(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddedModeTLS: `kubemq-proxy embedded` with a certificate serves
+// KubeMQ's gRPC API over TLS, and a proxy process reaches it with
+// kubemq.tls and the CA, as it would a real KubeMQ with TLS enabled.
+func TestEmbeddedModeTLS(t *testing.T) {
+	caCert := newCA(t, "embedded")
+	cert := caCert.issue(t, "localhost", true)
+	backend := startProxy(t, []string{"embedded-kubemq"}, "embedded",
+		"--embedded.tls_cert_file", cert.certFile, "--embedded.tls_key_file", cert.keyFile)
+	addr := backend.addr("embedded-kubemq")
+
+	p := startProxy(t, []string{"http", "amqp"}, "--kubemq.address", addr, "--kubemq.tls", "--kubemq.ca_file", caCert.file,
+		"--kubemq.server_name", "localhost", "--registry.channel", uniq("registry-embedded-tls"))
+	p.waitReady(t)
+	conn, err := amqp.Dial("amqp://guest:guest@" + p.addr("amqp") + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	roundTrip(t, conn, uniq("via-embedded-tls"), "stored over TLS")
+}

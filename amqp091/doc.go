@@ -6,7 +6,9 @@
 // channels, the per-vhost topology (exchanges and bindings live in
 // amqp091/routing; durable ones are registry records shared by replicas),
 // the publish path (routing, one KubeMQ queue message per routed queue,
-// batched, with publisher confirms once KubeMQ stored every copy) and the
+// batched, with publisher confirms once KubeMQ stored every copy, and
+// bounded per connection by the body bytes not yet stored: above the bound
+// the reader stops reading, with connection.blocked) and the
 // consume path (basic.consume and basic.get on the delivery package's
 // leases, so an unacknowledged message stays durable in KubeMQ until the
 // client settles it). The byte-level codec is amqp091/wire.

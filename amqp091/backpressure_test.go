@@ -74,10 +74,10 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 func TestPendingPublishBytesBlockAndUnblock(t *testing.T) {
 	const limit, size, n = 64 << 10, 4 << 10, 64 // 256 KiB against a 64 KiB bound
 	e, gate, reg := gatedEnv(t, limit, func(o *Options) {
-		o.Heartbeat = time.Second
+		o.Heartbeat = 2 * time.Second
 		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)) // why a connection closed, if it does
 	})
-	c, err := amqp.DialConfig(e.url(), amqp.Config{Heartbeat: time.Second})
+	c, err := amqp.DialConfig(e.url(), amqp.Config{Heartbeat: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +125,10 @@ func TestPendingPublishBytesBlockAndUnblock(t *testing.T) {
 	if v := metricValue(t, reg, "blocked_connections"); v != 1 {
 		t.Fatalf("blocked_connections = %v", v)
 	}
-	// Blocked for longer than the 2 s the server allows a silent client:
-	// the connection must survive it, both ways.
-	time.Sleep(3 * time.Second)
+	// Blocked for longer than the 4 s the server allows a silent client:
+	// the connection must survive it (and the client must go on hearing
+	// the server's heartbeats).
+	time.Sleep(5 * time.Second)
 	select {
 	case err := <-closed:
 		t.Fatalf("connection closed while blocked: %v", err)
@@ -304,5 +305,36 @@ func TestPendingPublishBytesOffNotAdvertised(t *testing.T) {
 	c := e.dial()
 	if caps, _ := c.Properties["capabilities"].(amqp.Table); caps["connection.blocked"] != nil || caps["publisher_confirms"] != true {
 		t.Fatalf("capabilities %v", caps)
+	}
+}
+
+// Publishes a closing channel discards give their pending bytes back: a
+// leak would leave the reader blocked for good.
+func TestPendingPublishBytesReleasedByClosingChannel(t *testing.T) {
+	const limit, size, n = 16 << 10, 4 << 10, 20
+	e := newEnv(t, func(o *Options) { o.MaxPendingPublishBytes = limit })
+	p := e.rawDial()
+	p.open(e.vhost, nil)
+	p.openChannel(1)
+	hdr, _ := wire.AppendContentHeader(nil, &wire.ContentHeader{ClassID: wire.ClassBasic, BodySize: size})
+	var frames []byte
+	for i := range n {
+		x := ""
+		if i == 0 {
+			x = "nope" // 404: the channel closes and discards the rest
+		}
+		publish, _ := wire.AppendMethod(nil, &wire.BasicPublish{Exchange: x, RoutingKey: "q"})
+		frames = wire.AppendFrame(frames, wire.FrameMethod, 1, publish)
+		frames = wire.AppendFrame(frames, wire.FrameHeader, 1, hdr)
+		frames = wire.AppendFrame(frames, wire.FrameBody, 1, make([]byte, size))
+	}
+	p.raw(frames)
+	if cl, ok := p.recv().(*wire.ChannelClose); !ok || cl.ReplyCode != 404 {
+		t.Fatalf("got %v, want channel.close 404", cl)
+	}
+	p.send(1, &wire.ChannelCloseOk{})
+	p.openChannel(1)
+	if got := serverConn(t, e).pending.Load(); got != 0 {
+		t.Fatalf("%d pending bytes left", got)
 	}
 }

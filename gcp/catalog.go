@@ -102,7 +102,7 @@ type catalog struct {
 	log *zap.Logger
 	// onSubGone is called (under the catalog lock; it must not block) when
 	// a subscription is deleted, detached or replaced by a new incarnation.
-	onSubGone func(id string)
+	onSubGone func(id, uid string) // uid: the incarnation that is gone
 
 	mu      sync.RWMutex // guards the maps below
 	topics  map[string]*topicEntry
@@ -158,7 +158,7 @@ func (c *catalog) applyLocked(kind string, r record) {
 				return
 			}
 			if cur, ok := c.subs[r.Key]; !ok || cur.uid != old.uid || (cur.proto.GetDetached() && !old.proto.GetDetached()) {
-				c.onSubGone(r.Key)
+				c.onSubGone(r.Key, old.uid)
 			}
 		}()
 		if had {

@@ -105,11 +105,14 @@ type subRuntime struct {
 	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
 	byMsgID      map[string]*lease               // keyed leases by Pub/Sub message id
 	window       time.Duration                   // recovery window after a (re)start
-	changed      chan struct{}                   // closed and replaced when room or ready work appears
-	closed       bool
-	hold         time.Duration // the engine hold last set on h
-	timer        *time.Timer
-	wake         chan struct{} // cap 1: the earliest deadline moved
+	// users and lastUsed are guarded by s.rtMu (see Server.runtime).
+	users    int
+	lastUsed time.Time
+	changed  chan struct{} // closed and replaced when room or ready work appears
+	closed   bool
+	hold     time.Duration // the engine hold last set on h
+	timer    *time.Timer
+	wake     chan struct{} // cap 1: the earliest deadline moved
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -118,7 +121,7 @@ type subRuntime struct {
 func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 	label := s.m.sub(e.id)
 	r := &subRuntime{
-		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(),
+		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(), lastUsed: time.Now(),
 		delivered:      s.m.delivered.WithLabelValues(label),
 		deliveredBytes: s.m.deliveredBytes.WithLabelValues(label),
 		acked:          s.m.acked.WithLabelValues(label),
@@ -350,6 +353,12 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 		if ks := r.keys[l.key]; ks != nil && ks.head == l {
 			ks.head = nil
 			r.advanceKeyLocked(l.key, ks, time.Now())
+		}
+	}
+	if len(r.leases) == 0 {
+		select { // the sweep starts timing the idle runtime
+		case r.wake <- struct{}{}:
+		default:
 		}
 	}
 	r.notifyLocked()
@@ -614,7 +623,12 @@ func (r *subRuntime) sweep() {
 			r.releaseKeysLocked(now)
 			next = min(next, recoveryTick)
 		}
+		idle := len(r.leases) == 0
 		r.mu.Unlock()
+		if idle {
+			r.s.retireIdle(r, now)
+			next = min(next, r.s.cfg.RuntimeIdle/4)
+		}
 		// Expired leases were popped; fail wants them out, so they go
 		// through it with a fresh look under the lock.
 		if len(expired) > 0 {

@@ -24,25 +24,46 @@ const (
 )
 
 // runtime returns the subscription's delivery runtime, starting it on
-// first use. The entry must be current (from the catalog).
-func (s *Server) runtime(ctx context.Context, e *subEntry) (*subRuntime, error) {
+// first use, and counts the caller as its user until release is called
+// (an idle runtime is retired, see retireIdle). The entry must be current
+// (from the catalog).
+func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, release func(), err error) {
 	s.rtMu.Lock()
 	defer s.rtMu.Unlock()
 	if s.rtClosed {
-		return nil, errRuntimeClosed
+		return nil, nil, errRuntimeClosed
 	}
+	defer func() {
+		if r != nil {
+			r.users++
+			release = func() {
+				s.rtMu.Lock()
+				r.users--
+				r.lastUsed = time.Now()
+				s.rtMu.Unlock()
+			}
+		}
+	}()
 	if r := s.runtimes[e.id]; r != nil {
 		if r.uid == e.uid {
-			return r, nil
+			return r, nil, nil
 		}
-		delete(s.runtimes, e.id) // a stale incarnation; closed by its own drop
+		// A stale incarnation (deleted or re-created) whose drop has not
+		// run yet: end it here, since its drop will no longer find it.
+		stale := r
+		delete(s.runtimes, e.id)
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			stale.close(true)
+		}()
 	}
 	h, err := s.deliveries.Acquire(ctx, e.queue)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	h.SetDeadline(0) // this package runs the ack deadlines (lease.go)
-	r := newSubRuntime(s, e, h)
+	r = newSubRuntime(s, e, h)
 	if r.ordered {
 		h.OnUnsettled(r.unsettled)
 		if _, fresh := s.createdHere.Load(e.uid); !fresh {
@@ -54,7 +75,32 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (*subRuntime, error) 
 		}
 	}
 	s.runtimes[e.id] = r
-	return r, nil
+	return r, nil, nil
+}
+
+// retireIdle ends r if no stream or Pull has used it for RuntimeIdle and
+// it holds no leases: its poller, timers and engine handle go away, and
+// the next pull starts a fresh runtime. Called by r's sweep.
+func (s *Server) retireIdle(r *subRuntime, now time.Time) {
+	s.rtMu.Lock()
+	if s.runtimes[r.id] != r || r.users > 0 || now.Sub(r.lastUsed) < s.cfg.RuntimeIdle {
+		s.rtMu.Unlock()
+		return
+	}
+	r.mu.Lock()
+	idle := len(r.leases) == 0
+	r.mu.Unlock()
+	if !idle {
+		s.rtMu.Unlock()
+		return
+	}
+	delete(s.runtimes, r.id)
+	s.bg.Add(1)
+	s.rtMu.Unlock()
+	go func() {
+		defer s.bg.Done()
+		r.close(false)
+	}()
 }
 
 // lookupRuntime finds a running runtime for acks; nil when the
@@ -68,15 +114,29 @@ func (s *Server) lookupRuntime(e *subEntry) *subRuntime {
 	return nil
 }
 
-// dropRuntime ends a subscription's runtime (deleted, detached or
-// re-created): its leases are settled as consumed.
-func (s *Server) dropRuntime(id string) {
+// dropRuntime ends the runtime of the subscription incarnation uid
+// (deleted, detached or re-created): its leases are settled as consumed.
+// A runtime of a newer incarnation of the same id is left alone.
+func (s *Server) dropRuntime(id, uid string) {
 	s.rtMu.Lock()
 	r := s.runtimes[id]
-	delete(s.runtimes, id)
+	if r != nil && r.uid != uid {
+		r = nil
+	}
+	if r != nil {
+		delete(s.runtimes, id)
+	}
+	if r != nil {
+		// In the background: ending the runtime waits for its poller's
+		// backend Get (up to a second), which a DeleteSubscription need not.
+		s.bg.Add(1)
+	}
 	s.rtMu.Unlock()
 	if r != nil {
-		r.close(true)
+		go func() {
+			defer s.bg.Done()
+			r.close(true)
+		}()
 	}
 }
 
@@ -133,10 +193,11 @@ func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubs
 	if err != nil {
 		return nil, err
 	}
-	rt, err := s.runtime(ctx, e)
+	rt, release, err := s.runtime(ctx, e)
 	if err != nil {
 		return nil, s.deliveryStatus(sn, err)
 	}
+	defer release()
 	wait := maxPullWait
 	if req.GetReturnImmediately() {
 		wait = immediateWait

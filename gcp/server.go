@@ -95,6 +95,10 @@ type Config struct {
 	StreamCloseAfter time.Duration
 	// MaxOutstandingMessages bounds a stream whose client set no limit.
 	MaxOutstandingMessages int
+	// RuntimeIdle ends a subscription's delivery runtime (its poller and
+	// lease table) once no stream or Pull has used it for this long and it
+	// holds no leases (default 2 minutes); the next pull starts a new one.
+	RuntimeIdle time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -106,6 +110,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxInflightPerSubscription <= 0 {
 		c.MaxInflightPerSubscription = DefaultMaxInflightPerSubscription
+	}
+	if c.RuntimeIdle <= 0 {
+		c.RuntimeIdle = 2 * time.Minute
 	}
 	if c.StreamCloseAfter <= 0 {
 		c.StreamCloseAfter = DefaultStreamCloseAfter
@@ -131,7 +138,7 @@ type Server struct {
 	pubLimits limits.Publish
 	// onDrop tells the delivery side that a subscription's backlog and
 	// leases are gone (detach, delete).
-	onDrop func(subID string)
+	onDrop func(subID, uid string)
 
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
@@ -204,13 +211,13 @@ func newServer(c core) (*Server, error) {
 	s.onDrop = s.dropRuntime
 	s.pubLimits = limits.Publish{MaxMessageBytes: s.cfg.MaxMessageBytes, MaxRequestBytes: max(limits.DefaultMaxRequestBytes, s.cfg.MaxMessageBytes)}
 	s.cat = newCatalog(s.log)
-	s.cat.onSubGone = func(id string) {
+	s.cat.onSubGone = func(id, uid string) {
 		// Deleted, detached or re-created, here or on another replica.
 		// The registry's callback must not block: drop in the background.
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
-			s.dropRuntime(id)
+			s.dropRuntime(id, uid)
 		}()
 	}
 	s.stopWatch = s.cat.follow(s.topo)
@@ -273,8 +280,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			<-done
 		}
 		s.stopWatch()
-		s.bg.Wait()
+		// closeRuntimes first: once it has run, nothing adds to bg (idle
+		// retirement finds no runtime, RPCs and topology feed are over).
 		s.closeRuntimes()
+		s.bg.Wait()
 		s.streams.Wait()
 		if s.ownDeliveries != nil {
 			s.ownDeliveries.Close(ctx)

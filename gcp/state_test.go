@@ -57,3 +57,49 @@ func TestState(t *testing.T) {
 		t.Fatalf("subscription state %+v", *s)
 	}
 }
+
+// TestIdleRuntimeRetired: a subscription's delivery runtime ends once no
+// stream or Pull has used it for RuntimeIdle and nothing is leased, and
+// the next pull starts a fresh one.
+func TestIdleRuntimeRetired(t *testing.T) {
+	e := startEnv(t, withGCP(func(o *gcp.Options) { o.Config.RuntimeIdle = 300 * time.Millisecond }))
+	ctx := ctxT(t, 30*time.Second)
+	tid, sid := e.id("t"), e.id("s")
+	e.createTopic(ctx, tid)
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid)})
+	sc := rawSubscriber(t, e)
+	active := func() bool {
+		for _, s := range e.srv.State().(gcp.State).Subscriptions {
+			if s.ID == sid {
+				return s.Active
+			}
+		}
+		t.Fatalf("subscription %s missing", sid)
+		return false
+	}
+	for round := range 2 {
+		publishN(t, ctx, e.v2(), tid, 1, "")
+		var got []*pubsubpb.ReceivedMessage
+		for len(got) == 0 {
+			got = pull(t, ctx, sc, e.subName(sid), 10)
+		}
+		if !active() {
+			t.Fatalf("round %d: no runtime while a message is leased", round)
+		}
+		// A leased message keeps the runtime past its idle time.
+		time.Sleep(600 * time.Millisecond)
+		if !active() {
+			t.Fatalf("round %d: runtime retired while a message was leased", round)
+		}
+		if _, err := sc.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(sid), AckIds: []string{got[0].AckId}}); err != nil {
+			t.Fatal(err)
+		}
+		for active() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("round %d: idle runtime never retired", round)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}

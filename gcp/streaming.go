@@ -57,10 +57,11 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	outage := s.outageChan()
-	rt, err := s.runtime(ctx, e)
+	rt, release, err := s.runtime(ctx, e)
 	if err != nil {
 		return s.deliveryStatus(sn, err)
 	}
+	defer release()
 	applyStreamRequest(rt, first)
 
 	errc := make(chan error, 2)

@@ -63,7 +63,7 @@ func (s *Server) putSub(ctx context.Context, e *subEntry) error {
 // (detach, delete).
 func (s *Server) dropBacklog(ctx context.Context, e *subEntry) error {
 	if s.onDrop != nil {
-		s.onDrop(e.id)
+		s.onDrop(e.id, e.uid)
 	}
 	return s.be.purge(ctx, e.queue)
 }
@@ -279,14 +279,20 @@ func (p *subscriber) DeleteSubscription(ctx context.Context, req *pubsubpb.Delet
 	}
 	s := p.s
 	s.adminMu.Lock()
-	defer s.adminMu.Unlock()
 	e, ok := s.cat.sub(sn.ID)
 	if !ok {
+		s.adminMu.Unlock()
 		return nil, notFound(sn.ID)
 	}
-	if err := s.topo.Delete(ctx, kindSubscription, sn.ID); err != nil {
+	err = s.topo.Delete(ctx, kindSubscription, sn.ID)
+	s.adminMu.Unlock()
+	if err != nil {
 		return nil, toStatus(err)
 	}
+	// Outside the admin lock: ending a runtime waits for its poller's
+	// backend Get (up to a second), and other admin calls need not wait
+	// behind that. The record is gone, so no one can reach this
+	// incarnation's queue any more.
 	if err := s.dropBacklog(ctx, e); err != nil {
 		// The subscription is gone, and a new one of the same id gets a
 		// queue of its own: what is left waits for KubeMQ's retention.

@@ -36,6 +36,15 @@ var (
 	buildErr  error
 )
 
+// TestMain removes the built binary (tens of MB per run) after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 // proxyBinary builds the command once per test run.
 func proxyBinary(t *testing.T) string {
 	t.Helper()

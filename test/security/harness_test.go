@@ -23,6 +23,15 @@ var (
 )
 
 // proxyBinary builds the command (with -race) once per test run.
+// TestMain removes the built binary (tens of MB per run) after the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 func proxyBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {

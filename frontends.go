@@ -25,6 +25,7 @@ func frontends() []proxy.FrontendFactory {
 						MaxInflightPerSubscription: d.Config.GCP.MaxInflightPerSubscription,
 						MaxOutstandingMessages:     d.Config.GCP.MaxOutstandingMessages,
 						StreamCloseAfter:           d.Config.GCP.StreamCloseAfter,
+						RuntimeIdle:                d.Config.GCP.RuntimeIdle,
 					},
 				})
 			},
@@ -57,6 +58,10 @@ func frontends() []proxy.FrontendFactory {
 					Users:          d.Config.AMQP.Users,
 					MaxBodySize:    d.Config.AMQP.MaxBodySize,
 					MaxConnections: d.Config.AMQP.MaxConnections,
+					// amqp091 reads 0 as "its default" and a negative value
+					// as "off"; the config's 0 means off.
+					MaxPendingPublishBytes: zeroOff(int64(d.Config.AMQP.MaxPendingPublishBytes)),
+					MetricsQueueLabels:     int(zeroOff(int64(d.Config.AMQP.MetricsQueueLabels))),
 					// EXTERNAL is checked on the AMQPS listener, which verifies
 					// client certificates against amqp.client_ca_file.
 					External:        d.Config.AMQP.ClientCAFile != "",
@@ -65,4 +70,13 @@ func frontends() []proxy.FrontendFactory {
 			},
 		},
 	}
+}
+
+// zeroOff maps a config value where 0 means "off" to amqp091's convention
+// (0 = default, negative = off).
+func zeroOff(v int64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }

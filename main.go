@@ -302,6 +302,9 @@ func newLogger(c proxy.LogConfig) (*zap.Logger, zap.AtomicLevel, error) {
 	zc.Level = level
 	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	zc.DisableStacktrace = true
+	if !c.Sampling {
+		zc.Sampling = nil
+	}
 	log, err := zc.Build()
 	return log, level, err
 }

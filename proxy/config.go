@@ -41,6 +41,9 @@ type GCPConfig struct {
 	// StreamCloseAfter ends each StreamingPull with UNAVAILABLE after this
 	// long, as Google does; clients reconnect.
 	StreamCloseAfter time.Duration `mapstructure:"stream_close_after"`
+	// RuntimeIdle ends a subscription's delivery runtime (poller, lease
+	// table) after this long without streams, Pulls or leases.
+	RuntimeIdle time.Duration `mapstructure:"runtime_idle"`
 }
 
 // AMQPConfig is the AMQP 0-9-1 front-end.
@@ -62,6 +65,13 @@ type AMQPConfig struct {
 	MaxBodySize int `mapstructure:"max_body_size"`
 	// MaxConnections caps open AMQP connections; 0 = no cap.
 	MaxConnections int `mapstructure:"max_connections"`
+	// MaxPendingPublishBytes bounds, per connection, the bodies of
+	// publishes not yet stored in KubeMQ; above it the connection stops
+	// being read (and is told connection.blocked). 0 = no bound.
+	MaxPendingPublishBytes int `mapstructure:"max_pending_publish_bytes"`
+	// MetricsQueueLabels is how many queues get their own series in the
+	// per-queue metrics; later ones are counted as "_other".
+	MetricsQueueLabels int `mapstructure:"metrics_queue_labels"`
 	// PasswordAsKubeMQToken passes each connection's AMQP password through
 	// as the KubeMQ auth token of the calls made for it, so that KubeMQ
 	// (not amqp.users) decides who may publish.
@@ -109,6 +119,9 @@ type RegistryConfig struct {
 type LogConfig struct {
 	Level  string `mapstructure:"level"`
 	Format string `mapstructure:"format"`
+	// Sampling thins out repeated log lines (zap's production sampler: per
+	// second, the first 100 of each message, then every 100th).
+	Sampling bool `mapstructure:"sampling"`
 }
 
 // ShutdownConfig bounds the graceful shutdown.
@@ -121,16 +134,16 @@ type ShutdownConfig struct {
 func Defaults() Config {
 	return Config{
 		GCP: GCPConfig{Listen: ":8085", MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
-			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute},
+			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,
-			MaxBodySize: 64 << 20},
+			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
 			ClientID: "kubemq-proxy",
 		},
 		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000"},
 		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
-		Log:      LogConfig{Level: "info", Format: "json"},
+		Log:      LogConfig{Level: "info", Format: "json", Sampling: true},
 		Shutdown: ShutdownConfig{Timeout: 15 * time.Second},
 	}
 }
@@ -204,6 +217,9 @@ func (c *Config) Validate() error {
 	if c.GCP.MaxOutstandingMessages < 1 {
 		return fmt.Errorf("gcp.max_outstanding_messages: %d must be at least 1", c.GCP.MaxOutstandingMessages)
 	}
+	if c.GCP.RuntimeIdle < time.Second {
+		return fmt.Errorf("gcp.runtime_idle: %v must be at least 1s", c.GCP.RuntimeIdle)
+	}
 	if c.GCP.StreamCloseAfter < time.Second {
 		return fmt.Errorf("gcp.stream_close_after: %v must be at least 1s", c.GCP.StreamCloseAfter)
 	}
@@ -221,6 +237,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AMQP.MaxConnections < 0 {
 		return fmt.Errorf("amqp.max_connections: %d must not be negative", c.AMQP.MaxConnections)
+	}
+	if c.AMQP.MaxPendingPublishBytes < 0 {
+		return fmt.Errorf("amqp.max_pending_publish_bytes: %d must not be negative (0 = no bound)", c.AMQP.MaxPendingPublishBytes)
+	}
+	if c.AMQP.MetricsQueueLabels < 0 || c.AMQP.MetricsQueueLabels > 10000 {
+		return fmt.Errorf("amqp.metrics_queue_labels: %d is outside 0..10000", c.AMQP.MetricsQueueLabels)
 	}
 	if c.KubeMQ.ClientID == "" {
 		return errors.New("kubemq.client_id must not be empty")

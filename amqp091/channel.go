@@ -113,6 +113,8 @@ func (ch *channel) runPosted() {
 func (ch *channel) run() {
 	ch.c.srv.m.channels.Inc()
 	defer ch.c.srv.m.channels.Dec()
+	ch.c.nChannels.Add(1)
+	defer ch.c.nChannels.Add(-1)
 	defer close(ch.done)
 	defer ch.shutdown()
 	for !ch.finished {

@@ -54,6 +54,11 @@ type conn struct {
 	clientName   string
 	w            *writer
 	opened       atomic.Bool // set once the handshake is done and w exists
+	since        time.Time   // when the handshake finished (set before opened)
+
+	// For the state view (state.go).
+	nChannels, nConsumers atomic.Int32
+	blocked               atomic.Bool // reading paused by publish back-pressure
 
 	// Owned by serve.
 	fr         *wire.FrameReader
@@ -134,6 +139,7 @@ func (c *conn) serve() {
 	c.fr.SetFrameMax(c.frameMax)
 	c.w = newWriter(c.nc, c.frameMax)
 	go c.w.run(c.heartbeat)
+	c.since = time.Now()
 	c.opened.Store(true)
 	c.srv.m.connections.Inc()
 	defer c.srv.m.connections.Dec()
@@ -646,6 +652,8 @@ func (c *conn) holdReads() {
 	limit := c.srv.opts.MaxPendingPublishBytes
 	c.srv.m.blocked.Inc()
 	defer c.srv.m.blocked.Dec()
+	c.blocked.Store(true)
+	defer c.blocked.Store(false)
 	c.log.Debug("reading paused: "+blockedReason, zap.Int64("pending", c.pending.Load()), zap.Int64("limit", limit))
 	if c.blockNotify {
 		c.w.method(0, &wire.ConnectionBlocked{Reason: blockedReason})

@@ -105,6 +105,7 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	}
 	cs.ctx, cs.cancel = context.WithCancel(c.ctx)
 	c.srv.m.consumers.Inc()
+	c.nConsumers.Add(1)
 	go cs.run()
 	return nil
 }
@@ -141,6 +142,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	cs.cancel()
 	<-cs.done
 	ch.c.srv.m.consumers.Dec()
+	ch.c.nConsumers.Add(-1)
 	ch.dmu.Lock()
 	pending := cs.pending
 	cs.pending = nil

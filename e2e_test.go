@@ -458,6 +458,17 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 		t.Fatalf("level %q after PUT, want warn", got)
 	}
 
+	// One AMQP connection and one Pub/Sub topic to show up in /state.
+	conn, err := amqp.Dial("amqp://guest:guest@" + p.addrs["amqp"] + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := pubsubClient(t, p.addrs["gcp"], "state").TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/state/topics/" + uniqueName("state")}); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := http.Get(base + "/state")
 	if err != nil {
 		t.Fatal(err)
@@ -466,13 +477,22 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 	var state struct {
 		Ready     string
 		Backend   struct{ Up bool }
-		Frontends map[string]json.RawMessage
+		Frontends struct {
+			GCP  struct{ Topics int }
+			AMQP struct {
+				Connections []struct {
+					ID       uint64
+					Channels int
+				}
+			}
+		}
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
 		t.Fatal(err)
 	}
-	if state.Ready != "ok" || !state.Backend.Up || state.Frontends["gcp"] == nil || state.Frontends["amqp"] == nil {
+	if state.Ready != "ok" || !state.Backend.Up || state.Frontends.GCP.Topics < 1 || len(state.Frontends.AMQP.Connections) != 1 {
 		t.Fatalf("unexpected /state: %+v", state)
 	}
+	conn.Close()
 	p.terminate(t)
 }

@@ -21,8 +21,10 @@ type command struct {
 }
 
 // channelQueue is how many commands the reader may queue ahead of a
-// channel before it waits.
-const channelQueue = 512
+// channel before it waits. Allocated whole when a channel opens (64 bytes
+// a command): 64 gave the same publish and consume rates as 512 in the
+// benchmarks, at 4 KiB instead of 32 KiB per idle channel.
+const channelQueue = 64
 
 // channel is one AMQP channel. Its goroutine (run) handles the client's
 // methods in order and owns the fields marked below; consumer goroutines

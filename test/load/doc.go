@@ -10,10 +10,11 @@
 // 10 s. Each test prints one "LOAD ..." line with the proxy's RSS, Go heap
 // in use and goroutines (from its /metrics) per connection, channel, stream
 // and subscription runtime; under -race the memory figures are several
-// times the production binary's. Subscription runtimes stay up while the
-// subscription exists, so they are started before the baseline; the suite
-// does not delete its subscriptions, as each delete of a pulled
-// subscription takes about a second, one at a time. Run:
+// times the production binary's. Subscription runtimes stay up until idle
+// for gcp.runtime_idle (15 s here), so they are started before the
+// baseline; at the end the suite waits for all of them to retire and for
+// the goroutines to come back to what they were before the subscriptions
+// were first pulled from. Run:
 //
 //	go test ./test/load/ -v -count=1
 //

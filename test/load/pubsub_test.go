@@ -109,7 +109,10 @@ func TestLoadPubSub(t *testing.T) {
 	nMsgs := envInt(t, "LOAD_PUBSUB_MESSAGES", 3, 3)
 	const workers = 8
 
-	e := startProxy(t)
+	// Runtimes of subscriptions nobody pulls from end after runtimeIdle:
+	// long enough to outlast the stream phase, short enough to check.
+	const runtimeIdle = 15 * time.Second
+	e := startProxy(t, "--gcp.runtime_idle", runtimeIdle.String())
 	cc, err := grpc.NewClient(e.gcpAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -174,10 +177,10 @@ func TestLoadPubSub(t *testing.T) {
 	created := e.scrape()
 
 	// A subscription's delivery runtime starts on first use and stays
-	// until the subscription is deleted (gcp/pull.go), so each is started
-	// here with a unary Pull: the baseline then holds them, and the leak
-	// check after the streams close is exact for what the streams started.
-	// (Deleting 200 subscriptions instead would take 200 s: see doc.go.)
+	// until it has been idle for gcp.runtime_idle (gcp/pull.go), so each is
+	// started here with a unary Pull: the baseline then holds them, and
+	// the leak check after the streams close is exact for what the streams
+	// started. Their retirement is checked at the end.
 	err = parallel(nStreams, workers, func(i int) error {
 		_, err := subc.Pull(ctx, &pubsubpb.PullRequest{Subscription: subs[i], MaxMessages: 1, ReturnImmediately: true})
 		return err
@@ -298,5 +301,17 @@ func TestLoadPubSub(t *testing.T) {
 		beforeSubs.Goroutines(), created.Goroutines(), before.Goroutines(), held.Goroutines(), after.Goroutines(),
 		(held.Goroutines()-before.Goroutines())/float64(nStreams), (before.Goroutines()-created.Goroutines())/float64(nStreams),
 		mib(before.Heap()), mib(held.Heap()), (held.Heap()-before.Heap())/float64(nStreams)/1024)
+
+	// With every stream gone and nothing leased, the subscription runtimes
+	// retire after runtimeIdle: the proxy is back to what it was before
+	// the subscriptions were first pulled from.
+	idle, ok := e.waitMetric(runtimeIdle+leakWait+runtimeIdle/2, func(m metrics) bool {
+		return m["kubemq_proxy_gcp_active_subscriptions"] == 0
+	})
+	if !ok {
+		t.Fatalf("%v subscription runtimes still running %v after the last stream closed", idle["kubemq_proxy_gcp_active_subscriptions"], runtimeIdle+leakWait)
+	}
+	retired := e.leakCheck("idle subscription runtimes", beforeSubs.Goroutines())
+	report(t, "pubsub runtimes retired after %v idle: goroutines %.0f (before the subscriptions: %.0f)", runtimeIdle, retired.Goroutines(), beforeSubs.Goroutines())
 	e.stop()
 }

@@ -67,8 +67,9 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, relea
 	if r.ordered {
 		h.OnUnsettled(r.unsettled)
 		if _, fresh := s.createdHere.Load(e.uid); !fresh {
-			// Created before this process started: lease records of an
-			// earlier process may still be on their way back.
+			// Created before this process started (and not yet recovered
+			// by an earlier runtime here): lease records of an earlier
+			// process may still be on their way back.
 			r.mu.Lock()
 			r.beginRecoveryLocked(time.Now())
 			r.mu.Unlock()
@@ -89,10 +90,16 @@ func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 	}
 	r.mu.Lock()
 	idle := len(r.leases) == 0
+	// Nothing of an earlier process is still on its way back: a later
+	// runtime of this incarnation needs no ordering recovery window.
+	recovered := len(r.awaiting) == 0 && now.After(r.recoverUntil)
 	r.mu.Unlock()
 	if !idle {
 		s.rtMu.Unlock()
 		return
+	}
+	if recovered {
+		s.createdHere.Store(r.uid, struct{}{})
 	}
 	delete(s.runtimes, r.id)
 	s.bg.Add(1)

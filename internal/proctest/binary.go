@@ -1,0 +1,86 @@
+package proctest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// EnvBinary names the environment variable that points the suites at a
+// prebuilt binary (e.g. a release build) instead of building one.
+const EnvBinary = "PROXY_BIN"
+
+// module is the main package that Binary builds; go build resolves it from
+// any directory inside the module, which is where go test runs a test.
+const module = "github.com/kubemq-io/kubemq-proxy"
+
+// build is one "go build" of the binary, done at most once.
+type build struct {
+	once sync.Once
+	path string
+	dir  string // removed by Cleanup; "" with $PROXY_BIN
+	err  error
+}
+
+var (
+	buildsMu sync.Mutex // guards builds
+	builds   = map[bool]*build{}
+)
+
+// Binary returns the path of the kubemq-proxy binary, built once per test
+// binary (and per race setting): with the race detector when race is set,
+// so that a race inside the proxy is printed to its log and reported by
+// Proc.Problems. With $PROXY_BIN set, that binary is used as it is. A
+// failed build fails t. TestMain should call Cleanup after m.Run.
+func Binary(t testing.TB, race bool) string {
+	t.Helper()
+	buildsMu.Lock()
+	b := builds[race]
+	if b == nil {
+		b = &build{}
+		builds[race] = b
+	}
+	buildsMu.Unlock()
+	b.once.Do(func() { b.run(race) })
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+func (b *build) run(race bool) {
+	if p := os.Getenv(EnvBinary); p != "" {
+		b.path = p
+		return
+	}
+	dir, err := os.MkdirTemp("", "kubemq-proxy-test")
+	if err != nil {
+		b.err = err
+		return
+	}
+	b.dir = dir
+	b.path = filepath.Join(dir, "kubemq-proxy")
+	args := []string{"build", "-o", b.path}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, module)
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		b.err = fmt.Errorf("go build: %v\n%s", err, out)
+	}
+}
+
+// Cleanup removes the binaries Binary built (tens of MB each, left behind
+// by every run otherwise). Call it from TestMain after m.Run.
+func Cleanup() {
+	buildsMu.Lock()
+	defer buildsMu.Unlock()
+	for _, b := range builds {
+		if b.dir != "" {
+			os.RemoveAll(b.dir)
+		}
+	}
+}

@@ -49,6 +49,7 @@
 //   - FAULTS_SERIAL=1: one run at a time;
 //   - FAULTS_LOGS=dir: keep each run's process logs (and data) there;
 //     FAULTS_LOG_LEVEL=debug raises the processes' log level;
+//   - PROXY_BIN=path: run that binary instead of building one;
 //   - KUBEMQ_ADDRESS=host:port: the backend is that external server; the
 //     faults that kill the backend are skipped (the suite cannot restart
 //     it), the others run against it through the relay.

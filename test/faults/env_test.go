@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 // env is one fault run's processes: the backend (an embedded-mode process
@@ -24,13 +25,13 @@ type env struct {
 	external bool
 
 	backendDir string
-	backend    *proc
+	backend    *proctest.Proc
 	relay      *relay
 
 	regChannel string
-	proxy      *proc
-	proxies    []*proc // every proxy process started, for the problem check
-	backends   []*proc
+	proxy      *proctest.Proc
+	proxies    []*proctest.Proc // every proxy process started, for the problem check
+	backends   []*proctest.Proc
 	gcpAddr    string
 	amqpAddr   string
 	httpAddr   string
@@ -43,25 +44,17 @@ func randSuffix() string {
 }
 
 // logLevel is the processes' log level: FAULTS_LOG_LEVEL, default info.
-func logLevel() string {
-	if v := os.Getenv("FAULTS_LOG_LEVEL"); v != "" {
-		return v
-	}
-	return "info"
-}
+func logLevel() string { return proctest.LogLevel("FAULTS_LOG_LEVEL") }
 
 // runDir holds a run's data and process logs: under FAULTS_LOGS when set
 // (kept for inspection), else a test temporary directory.
-func runDir(t testing.TB) string {
-	base := os.Getenv("FAULTS_LOGS")
-	if base == "" {
-		return t.TempDir()
-	}
-	dir := filepath.Join(base, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+"-"+time.Now().Format("150405"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+func runDir(t testing.TB) string { return proctest.RunDir(t, "FAULTS_LOGS") }
+
+// startProc runs the proxy binary (built with -race under -race) as
+// process name, its log in dir, until the listeners in want report.
+func startProc(t testing.TB, name, dir string, want []string, args ...string) (*proctest.Proc, error) {
+	t.Helper()
+	return proctest.Start(proctest.Binary(t, raceEnabled), name, dir, want, args...)
 }
 
 func newEnv(t testing.TB) *env {
@@ -75,7 +68,7 @@ func newEnv(t testing.TB) *env {
 			t.Fatal(err)
 		}
 		e.startBackend()
-		target = e.backend.addr("embedded-kubemq")
+		target = e.backend.Addr("embedded-kubemq")
 	}
 	r, err := newRelay(target)
 	if err != nil {
@@ -99,7 +92,7 @@ func (e *env) startBackend() {
 	e.backend = p
 	e.backends = append(e.backends, p)
 	if e.relay != nil {
-		e.relay.SetTarget(p.addr("embedded-kubemq"))
+		e.relay.SetTarget(p.Addr("embedded-kubemq"))
 	}
 }
 
@@ -115,7 +108,7 @@ func (e *env) startProxy() {
 		"--gcp.listen", gcp, "--amqp.listen", amqp, "--amqp.tls_listen", "", "--http.listen", httpA,
 		"--kubemq.address", e.relay.Addr(), "--registry.channel", e.regChannel, "--log.level", logLevel(),
 	}
-	var p *proc
+	var p *proctest.Proc
 	var err error
 	// A restart rebinds the same ports; another process could have taken
 	// one in between (rare on loopback), so a bind failure is retried.
@@ -131,9 +124,9 @@ func (e *env) startProxy() {
 	}
 	e.proxy = p
 	e.proxies = append(e.proxies, p)
-	e.gcpAddr, e.amqpAddr, e.httpAddr = p.addr("gcp"), p.addr("amqp"), p.addr("http")
-	if err := waitReady(e.httpAddr, 60*time.Second); err != nil {
-		e.t.Fatalf("proxy: %v: %s", err, tail(p.logPath, 30))
+	e.gcpAddr, e.amqpAddr, e.httpAddr = p.Addr("gcp"), p.Addr("amqp"), p.Addr("http")
+	if err := proctest.WaitReady(e.httpAddr, 60*time.Second); err != nil {
+		e.t.Fatalf("proxy: %v: %s", err, p.Tail(30))
 	}
 }
 
@@ -141,9 +134,9 @@ func (e *env) startProxy() {
 // any process of the run.
 func (e *env) checkProblems() {
 	e.t.Helper()
-	for _, p := range append(append([]*proc(nil), e.proxies...), e.backends...) {
+	for _, p := range append(append([]*proctest.Proc(nil), e.proxies...), e.backends...) {
 		if pr := p.Problems(); len(pr) > 0 {
-			e.t.Errorf("%s (log %s) reported:\n%s", p.name, p.logPath, strings.Join(pr, "\n"))
+			e.t.Errorf("%s (log %s) reported:\n%s", p.Name(), p.LogPath(), strings.Join(pr, "\n"))
 		}
 	}
 }
@@ -151,14 +144,14 @@ func (e *env) checkProblems() {
 // stop ends the proxy and backend gracefully and checks they exit 0.
 func (e *env) stop() {
 	e.t.Helper()
-	if e.proxy != nil && !e.proxy.exited() {
-		if err := e.proxy.terminate(30 * time.Second); err != nil {
-			e.t.Errorf("%v: %s", err, tail(e.proxy.logPath, 20))
+	if e.proxy != nil && !e.proxy.Exited() {
+		if err := e.proxy.Stop(30 * time.Second); err != nil {
+			e.t.Errorf("%v: %s", err, e.proxy.Tail(20))
 		}
 	}
-	if e.backend != nil && !e.backend.exited() {
-		if err := e.backend.terminate(30 * time.Second); err != nil {
-			e.t.Errorf("%v: %s", err, tail(e.backend.logPath, 20))
+	if e.backend != nil && !e.backend.Exited() {
+		if err := e.backend.Stop(30 * time.Second); err != nil {
+			e.t.Errorf("%v: %s", err, e.backend.Tail(20))
 		}
 	}
 	e.checkProblems()
@@ -166,17 +159,17 @@ func (e *env) stop() {
 
 func (e *env) close() {
 	if e.proxy != nil {
-		e.proxy.kill()
+		e.proxy.Kill()
 	}
 	if e.relay != nil {
 		e.relay.Close()
 	}
 	if e.backend != nil {
-		e.backend.kill()
+		e.backend.Kill()
 	}
 	if e.t.Failed() {
-		for _, p := range append(append([]*proc(nil), e.proxies...), e.backends...) {
-			e.t.Logf("last lines of %s log (%s):%s", p.name, p.logPath, tail(p.logPath, 40))
+		for _, p := range append(append([]*proctest.Proc(nil), e.proxies...), e.backends...) {
+			e.t.Logf("last lines of %s log (%s):%s", p.Name(), p.LogPath(), p.Tail(40))
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 // Timings of one fault run. The whole default suite (four runs) stays
@@ -72,7 +73,7 @@ var faults = []fault{
 		name:   "ProxyKill",
 		expect: expectation{pubsubUnavailable: true, amqpClose: "dropped"},
 		inject: func(t *testing.T, r *run) time.Time {
-			r.env.proxy.kill()
+			r.env.proxy.Kill()
 			r.env.startProxy() // same ports; returns once /readyz is 200
 			return time.Now()
 		},
@@ -82,7 +83,7 @@ var faults = []fault{
 		killBackend: true,
 		expect:      expectation{pubsubUnavailable: true, amqpClose: "320"},
 		inject: func(t *testing.T, r *run) time.Time {
-			r.env.backend.kill()
+			r.env.backend.Kill()
 			time.Sleep(backendDownFor) // the outage itself
 			r.env.startBackend()       // same data dir; the relay follows the new port
 			return time.Now()
@@ -160,9 +161,7 @@ func addStats(format string, args ...any) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	proctest.Cleanup()
 	os.Exit(code)
 }
 
@@ -170,7 +169,7 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault injection builds the binary and runs for minutes")
 	}
-	proxyBinary(t)
+	proctest.Binary(t, raceEnabled)
 	start := time.Now()
 	t.Cleanup(func() { printReport(t, time.Since(start)) })
 	// Each run has processes of its own, so runs may overlap (up to

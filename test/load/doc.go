@@ -20,7 +20,7 @@
 //
 // Knobs: LOAD_AMQP_CONNS, LOAD_AMQP_CHANNELS, LOAD_AMQP_HOLD,
 // LOAD_AMQP_HEARTBEAT, LOAD_PUBSUB_STREAMS, LOAD_PUBSUB_MESSAGES;
-// LOAD_PROXY_BIN uses a prebuilt binary; LOAD_LOGS=dir keeps the proxy
-// logs, LOAD_LOG_LEVEL sets their level. -short runs 100 connections and
-// 50 streams.
+// PROXY_BIN (or LOAD_PROXY_BIN) uses a prebuilt binary; LOAD_LOGS=dir
+// keeps the proxy logs, LOAD_LOG_LEVEL sets their level. -short runs 100
+// connections and 50 streams.
 package load

@@ -5,16 +5,32 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 // envAddress names an external KubeMQ server to use as the backend, as in
 // the rest of the module's tests.
 const envAddress = "KUBEMQ_ADDRESS"
+
+// TestMain removes the built binary: every run would leave ~30 MB behind.
+// LOAD_PROXY_BIN, this suite's older name for $PROXY_BIN, still selects a
+// prebuilt binary.
+func TestMain(m *testing.M) {
+	if p := os.Getenv("LOAD_PROXY_BIN"); p != "" {
+		os.Setenv(proctest.EnvBinary, p)
+	}
+	code := m.Run()
+	proctest.Cleanup()
+	os.Exit(code)
+}
+
+// metrics is one /metrics scrape of the proxy.
+type metrics = proctest.Metrics
 
 // leakSlack is how many goroutines above the baseline the proxy may keep
 // once every client has gone (timers, pooled workers winding down).
@@ -60,22 +76,12 @@ func envDuration(t testing.TB, name string, def time.Duration) time.Duration {
 
 // runDir holds a run's process log: under LOAD_LOGS when set (kept for
 // inspection), else a test temporary directory.
-func runDir(t testing.TB) string {
-	base := os.Getenv("LOAD_LOGS")
-	if base == "" {
-		return t.TempDir()
-	}
-	dir := filepath.Join(base, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+"-"+time.Now().Format("150405"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
+func runDir(t testing.TB) string { return proctest.RunDir(t, "LOAD_LOGS") }
 
 // proxyEnv is one proxy process and its bound addresses.
 type proxyEnv struct {
 	t                          testing.TB
-	p                          *proc
+	p                          *proctest.Proc
 	gcpAddr, amqpAddr, httpAdr string
 	suffix                     string
 }
@@ -100,36 +106,31 @@ func startProxy(t testing.TB, extra ...string) *proxyEnv {
 		args = append(args, "--embedded.listen", "127.0.0.1:0")
 	}
 	args = append(args, extra...)
-	p, err := startProc(t, "proxy", dir, []string{"gcp", "amqp", "http"}, args...)
+	p, err := proctest.Start(proctest.Binary(t, raceEnabled), "proxy", dir, []string{"gcp", "amqp", "http"}, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.p = p
 	t.Cleanup(func() {
-		p.kill()
+		p.Kill()
 		if t.Failed() {
-			t.Logf("last lines of the proxy log (%s):%s", p.logPath, tail(p.logPath, 40))
+			t.Logf("last lines of the proxy log (%s):%s", p.LogPath(), p.Tail(40))
 		}
 	})
-	e.gcpAddr, e.amqpAddr, e.httpAdr = p.addr("gcp"), p.addr("amqp"), p.addr("http")
-	if err := waitReady(e.httpAdr, 60*time.Second); err != nil {
-		t.Fatalf("proxy: %v: %s", err, tail(p.logPath, 30))
+	e.gcpAddr, e.amqpAddr, e.httpAdr = p.Addr("gcp"), p.Addr("amqp"), p.Addr("http")
+	if err := proctest.WaitReady(e.httpAdr, 60*time.Second); err != nil {
+		t.Fatalf("proxy: %v: %s", err, p.Tail(30))
 	}
 	return e
 }
 
 // logLevel is the proxy's log level: LOAD_LOG_LEVEL, default info.
-func logLevel() string {
-	if v := os.Getenv("LOAD_LOG_LEVEL"); v != "" {
-		return v
-	}
-	return "info"
-}
+func logLevel() string { return proctest.LogLevel("LOAD_LOG_LEVEL") }
 
 // scrape reads the proxy's /metrics, failing the test on an error.
 func (e *proxyEnv) scrape() metrics {
 	e.t.Helper()
-	m, err := scrape(e.httpAdr)
+	m, err := proctest.Scrape(e.httpAdr)
 	if err != nil {
 		e.t.Fatalf("scrape: %v", err)
 	}
@@ -141,10 +142,10 @@ func (e *proxyEnv) scrape() metrics {
 func (e *proxyEnv) alive() {
 	e.t.Helper()
 	if pr := e.p.Problems(); len(pr) > 0 {
-		e.t.Fatalf("proxy (log %s) reported:\n%s", e.p.logPath, strings.Join(pr, "\n"))
+		e.t.Fatalf("proxy (log %s) reported:\n%s", e.p.LogPath(), strings.Join(pr, "\n"))
 	}
-	if e.p.exited() {
-		e.t.Fatalf("proxy exited: %s", tail(e.p.logPath, 30))
+	if e.p.Exited() {
+		e.t.Fatalf("proxy exited: %s", e.p.Tail(30))
 	}
 }
 
@@ -182,13 +183,13 @@ func (e *proxyEnv) leakCheck(what string, baseline float64) metrics {
 // test on a race report, panic or fatal error in its log.
 func (e *proxyEnv) stop() {
 	e.t.Helper()
-	if !e.p.exited() {
-		if err := e.p.terminate(30 * time.Second); err != nil {
-			e.t.Errorf("%v: %s", err, tail(e.p.logPath, 20))
+	if !e.p.Exited() {
+		if err := e.p.Stop(30 * time.Second); err != nil {
+			e.t.Errorf("%v: %s", err, e.p.Tail(20))
 		}
 	}
 	if pr := e.p.Problems(); len(pr) > 0 {
-		e.t.Errorf("proxy (log %s) reported:\n%s", e.p.logPath, strings.Join(pr, "\n"))
+		e.t.Errorf("proxy (log %s) reported:\n%s", e.p.LogPath(), strings.Join(pr, "\n"))
 	}
 }
 

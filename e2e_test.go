@@ -4,11 +4,9 @@ package main
 // real clients, and kill -9 of the whole process.
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,57 +26,29 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
-)
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 // TestMain removes the built binary (tens of MB per run) after the tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	proctest.Cleanup()
 	os.Exit(code)
 }
 
-// proxyBinary builds the command once per test run.
+// proxyBinary returns the command built with -race, once per test run.
 func proxyBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kubemq-proxy-e2e")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "kubemq-proxy")
-		out, err := exec.Command("go", "build", "-race", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return proctest.Binary(t, true)
 }
 
 // requiredListeners are reported by every started proxy.
 var requiredListeners = []string{"http", "gcp", "amqp"}
 
-// proc is one running proxy process.
-type proc struct {
-	cmd   *exec.Cmd
-	addrs map[string]string // listener name -> bound address
-	done  chan struct{}
-}
-
-// startProxy runs the binary with every listener on 127.0.0.1:0 and reads
-// the bound addresses from its "listening" log lines.
-func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) *proc {
+// startProxy runs the binary with every listener on 127.0.0.1:0, reads the
+// bound addresses from its "listening" log lines and waits for /readyz.
+// Its log is printed when the test fails or runs with -v.
+func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) *proctest.Proc {
 	t.Helper()
 	args := []string{
 		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
@@ -90,100 +60,28 @@ func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) 
 		args = append(args, "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", dataDir, "--embedded.strict")
 	}
 	args = append(args, extra...)
-	cmd := exec.Command(proxyBinary(t), args...)
-	cmd.Dir = t.TempDir() // no ./config.yaml there
-	stderr, err := cmd.StderrPipe()
+	p, err := proctest.Start(proxyBinary(t), "proxy", t.TempDir(), requiredListeners, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() || testing.Verbose() {
+			t.Logf("proxy log (%s):%s", p.LogPath(), p.Tail(0))
+		}
+	})
+	if err := proctest.WaitReady(p.Addr("http"), 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, addrs: map[string]string{}, done: make(chan struct{})}
-	found := make(chan struct{})
-	var mu sync.Mutex
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		signalled := false
-		for sc.Scan() {
-			line := sc.Text()
-			var rec struct {
-				Msg      string `json:"msg"`
-				Listener string `json:"listener"`
-				Address  string `json:"address"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				mu.Lock()
-				p.addrs[rec.Listener] = rec.Address
-				ready := true
-				for _, l := range requiredListeners {
-					ready = ready && p.addrs[l] != ""
-				}
-				mu.Unlock()
-				if ready && !signalled {
-					signalled = true
-					close(found)
-				}
-			}
-			if testing.Verbose() {
-				t.Log(line)
-			}
-		}
-		io.Copy(io.Discard, stderr)
-	}()
-	go func() { cmd.Wait(); close(p.done) }()
-	select {
-	case <-found:
-	case <-p.done:
-		t.Fatalf("proxy exited before listening")
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("proxy did not report its listeners")
-	}
-	t.Cleanup(func() { p.kill() })
-	p.waitReady(t)
 	return p
 }
 
-func (p *proc) waitReady(t *testing.T) {
+// terminate stops the proxy with SIGTERM and fails the test unless it
+// exits 0 within 20 s.
+func terminate(t *testing.T, p *proctest.Proc) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		resp, err := http.Get("http://" + p.addrs["http"] + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 within 5s (last: %v)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *proc) terminate(t *testing.T) {
-	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no exit 20s after SIGTERM")
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM", code)
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -214,7 +112,7 @@ func TestPubSubSurvivesKill9(t *testing.T) {
 	defer cancel()
 	const project = "e2e"
 	topicID, subID := uniqueName("topic"), uniqueName("sub")
-	c := pubsubClient(t, p.addrs["gcp"], project)
+	c := pubsubClient(t, p.Addr("gcp"), project)
 	topic, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/" + project + "/topics/" + topicID})
 	if err != nil {
 		t.Fatal(err)
@@ -250,17 +148,17 @@ func TestPubSubSurvivesKill9(t *testing.T) {
 			t.Fatal("nothing delivered before the kill")
 		}
 	}
-	p.kill()
+	p.Kill()
 	rcancel()
 	c.Close()
 
 	// The restarted proxy knows the topic and subscription and delivers
 	// every message, including the leased ones, at least once.
 	p2 := startProxy(t, dataDir, regCh)
-	if out, err := exec.Command(proxyBinary(t), "healthcheck", "--http.listen", p2.addrs["http"]).CombinedOutput(); err != nil {
+	if out, err := exec.Command(proxyBinary(t), "healthcheck", "--http.listen", p2.Addr("http")).CombinedOutput(); err != nil {
 		t.Fatalf("healthcheck mode on a ready proxy: %v %s", err, out)
 	}
-	c2 := pubsubClient(t, p2.addrs["gcp"], project)
+	c2 := pubsubClient(t, p2.Addr("gcp"), project)
 	if _, err := c2.TopicAdminClient.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: topic.Name}); err != nil {
 		t.Fatalf("topic lost across kill -9: %v", err)
 	}
@@ -287,32 +185,22 @@ func TestPubSubSurvivesKill9(t *testing.T) {
 		t.Fatalf("after restart only %d of %d messages delivered", len(seen), n)
 	}
 	rcancel2()
-	p2.terminate(t)
+	terminate(t, p2)
 }
 
 func TestEmbeddedModeServesKubeMQ(t *testing.T) {
 	if testing.Short() || kubemqtest.External() {
 		t.Skip("runs the binary's embedded mode")
 	}
-	cmd := exec.Command(proxyBinary(t), "embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", t.TempDir())
-	cmd.Dir = t.TempDir()
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	p, err := proctest.Start(proxyBinary(t), "embedded", t.TempDir(), []string{"embedded-kubemq"},
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", t.TempDir())
+	if err != nil {
+		t.Fatalf("embedded mode never reported its listener: %v", err)
 	}
-	defer cmd.Process.Kill()
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"listening"`) {
-			go io.Copy(io.Discard, stderr)
-			cmd.Process.Signal(syscall.SIGTERM)
-			if err := cmd.Wait(); err != nil {
-				t.Fatalf("embedded mode exit: %v", err)
-			}
-			return
-		}
+	defer p.Kill()
+	if err := p.Stop(30 * time.Second); err != nil {
+		t.Fatalf("embedded mode exit: %v", err)
 	}
-	t.Fatal("embedded mode never reported its listener")
 }
 
 func TestAMQPSurvivesKill9(t *testing.T) {
@@ -324,7 +212,7 @@ func TestAMQPSurvivesKill9(t *testing.T) {
 	p := startProxy(t, dataDir, regCh)
 	exchange, queue := uniqueName("ex"), uniqueName("q")
 
-	conn, err := amqp.Dial("amqp://guest:guest@" + p.addrs["amqp"] + "/")
+	conn, err := amqp.Dial("amqp://guest:guest@" + p.Addr("amqp") + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,11 +264,11 @@ func TestAMQPSurvivesKill9(t *testing.T) {
 			t.Fatal("nothing delivered before the kill")
 		}
 	}
-	p.kill()
+	p.Kill()
 	conn.Close()
 
 	p2 := startProxy(t, dataDir, regCh)
-	conn2, err := amqp.Dial("amqp://guest:guest@" + p2.addrs["amqp"] + "/")
+	conn2, err := amqp.Dial("amqp://guest:guest@" + p2.Addr("amqp") + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +301,7 @@ func TestAMQPSurvivesKill9(t *testing.T) {
 		}
 	}
 	conn2.Close()
-	p2.terminate(t)
+	terminate(t, p2)
 }
 
 func TestLogLevelReloadAndStateView(t *testing.T) {
@@ -425,7 +313,7 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startProxy(t, t.TempDir(), uniqueName("kubemq-proxy-e2e"), "--config", file)
-	base := "http://" + p.addrs["http"]
+	base := "http://" + p.Addr("http")
 	level := func() string {
 		resp, err := http.Get(base + "/loglevel")
 		if err != nil {
@@ -442,7 +330,7 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 	if err := os.WriteFile(file, []byte("log:\n  level: debug\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Process.Signal(syscall.SIGHUP)
+	p.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(5 * time.Second)
 	for level() != "debug" {
 		if time.Now().After(deadline) {
@@ -459,14 +347,14 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 	}
 
 	// One AMQP connection and one Pub/Sub topic to show up in /state.
-	conn, err := amqp.Dial("amqp://guest:guest@" + p.addrs["amqp"] + "/")
+	conn, err := amqp.Dial("amqp://guest:guest@" + p.Addr("amqp") + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := pubsubClient(t, p.addrs["gcp"], "state").TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/state/topics/" + uniqueName("state")}); err != nil {
+	if _, err := pubsubClient(t, p.Addr("gcp"), "state").TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/state/topics/" + uniqueName("state")}); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.Get(base + "/state")
@@ -494,5 +382,5 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 		t.Fatalf("unexpected /state: %+v", state)
 	}
 	conn.Close()
-	p.terminate(t)
+	terminate(t, p)
 }

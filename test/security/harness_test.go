@@ -1,70 +1,33 @@
 package security
 
 import (
-	"bufio"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// proxyBinary builds the command (with -race) once per test run.
 // TestMain removes the built binary (tens of MB per run) after the tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	proctest.Cleanup()
 	os.Exit(code)
 }
 
+// proxyBinary returns the command built with -race, once per test run.
 func proxyBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kubemq-proxy-security")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "kubemq-proxy")
-		cmd := exec.Command("go", "build", "-race", "-o", binPath, ".")
-		cmd.Dir = "../.."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return proctest.Binary(t, true)
 }
 
 // proc is one running proxy.
-type proc struct {
-	cmd   *exec.Cmd
-	addrs map[string]string // listener name -> bound address
-	done  chan struct{}
-
-	mu   sync.Mutex
-	logs []string
-}
+type proc struct{ *proctest.Proc }
 
 // startProxy runs the binary with its Pub/Sub, AMQP and HTTP listeners on
 // 127.0.0.1:0 (and the embedded backend, unless args name kubemq.address),
@@ -73,86 +36,28 @@ func startProxy(t *testing.T, want []string, args ...string) *proc {
 	t.Helper()
 	base := []string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "127.0.0.1:0",
 		"--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict", "--log.level", "debug"}
+	name := "proxy"
 	if len(args) > 0 && args[0] == "embedded" {
 		// The backend alone: the subcommand comes first, and only its own
 		// listener applies.
 		base = append([]string{"embedded"}, "--embedded.listen", "127.0.0.1:0", "--embedded.strict", "--log.level", "debug", "--http.listen", "127.0.0.1:0")
 		args = args[1:]
+		name = "backend"
 	}
-	cmd := exec.Command(proxyBinary(t), append(base, args...)...)
-	cmd.Dir = t.TempDir() // no ./config.yaml there
-	stderr, err := cmd.StderrPipe()
+	p, err := proctest.Start(proxyBinary(t), name, t.TempDir(), want, append(base, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, addrs: map[string]string{}, done: make(chan struct{})}
-	found := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		signalled := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs = append(p.logs, line)
-			var rec struct{ Msg, Listener, Address string }
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
-				p.addrs[rec.Listener] = rec.Address
-			}
-			all := true
-			for _, l := range want {
-				all = all && p.addrs[l] != ""
-			}
-			p.mu.Unlock()
-			if all && !signalled {
-				signalled = true
-				close(found)
-			}
-		}
-		io.Copy(io.Discard, stderr)
-	}()
-	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
-		p.stop()
+		p.Stop(20 * time.Second) // the exit code is not what these tests check
 		if t.Failed() {
-			p.mu.Lock()
-			t.Logf("proxy log:\n%s", strings.Join(p.logs, "\n"))
-			p.mu.Unlock()
+			t.Logf("%s log:%s", name, p.Tail(0))
 		}
 	})
-	select {
-	case <-found:
-	case <-p.done:
-		t.Fatalf("proxy exited before listening")
-	case <-time.After(60 * time.Second):
-		t.Fatalf("proxy did not report its listeners %v", want)
-	}
-	return p
+	return &proc{p}
 }
 
-func (p *proc) addr(name string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.addrs[name]
-}
-
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-}
+func (p *proc) addr(name string) string { return p.Addr(name) }
 
 // readyz returns /readyz's status code (0 when the request failed).
 func (p *proc) readyz() int {
@@ -166,12 +71,8 @@ func (p *proc) readyz() int {
 
 func (p *proc) waitReady(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for p.readyz() != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := proctest.WaitReady(p.addr("http"), 30*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -77,6 +77,11 @@ type Registry struct {
 	opts Options
 	log  *zap.Logger
 
+	// applyMu is held from merging a record through its watchers, so a
+	// write whose record the follow stream delivered first does not return
+	// before the watchers have seen it. Watchers must not write.
+	applyMu sync.Mutex
+
 	mu        sync.RWMutex // guards records, clock, lastSeq, lastSnap, watchers, replayed
 	records   map[string]map[string]*Record
 	clock     uint64
@@ -182,7 +187,8 @@ func (r *Registry) List(kind string) []Record {
 }
 
 // OnChange registers fn for every applied change (local or remote); fn runs
-// on the registry's goroutine and must not block. The returned func
+// on the registry's goroutine (or the writer's, for a local write) and must
+// not block or write to the registry. The returned func
 // unregisters it.
 func (r *Registry) OnChange(fn func(Change)) (cancel func()) {
 	r.mu.Lock()
@@ -240,6 +246,8 @@ func (r *Registry) publish(ctx context.Context, ev event) error {
 
 // apply merges one record; it reports whether it changed the view.
 func (r *Registry) apply(rec Record, local bool) bool {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
 	r.mu.Lock()
 	if rec.Version > r.clock {
 		r.clock = rec.Version

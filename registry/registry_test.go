@@ -3,10 +3,15 @@ package registry_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+
+	"github.com/kubemq-io/kubemq-proxy/embedded"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -178,5 +183,66 @@ func TestSnapshotNeverOverridesNewerWrite(t *testing.T) {
 	defer c.Close()
 	if v, _ := value(t, c, "sub", "s"); v != "v2" {
 		t.Fatalf("a fresh replica sees %q, want v2", v)
+	}
+}
+
+// TestWriteVisibleToWatchersOnReturn: when Put returns, every OnChange
+// watcher has seen the record, even when the registry's own follow stream
+// delivers the same record first (it races the writer's local apply). The
+// front-ends read their catalogues right after a write.
+func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
+	c := dial(t, kubemqtest.Address(t))
+	if !kubemqtest.External() {
+		// Through memory, as the proxy reaches its embedded server: the
+		// follow stream then often hears of a write before Put returns.
+		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var err error
+		c, err = kubemqclient.Dial(ctx, kubemqclient.Options{Address: "passthrough:///embedded", Logger: zaptest.NewLogger(t),
+			DialOptions: []grpc.DialOption{grpc.WithContextDialer(srv.DialInProcess)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	r := open(t, c, uniqueChannel(t))
+	defer r.Close()
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	cancel := r.OnChange(func(c registry.Change) {
+		mu.Lock()
+		seen[c.Record.Key] = true
+		mu.Unlock()
+	})
+	defer cancel()
+	ctx, done := context.WithTimeout(context.Background(), 60*time.Second)
+	defer done()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				key := fmt.Sprintf("w%d-%d", w, i)
+				if err := r.Put(ctx, "k", key, "v"); err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				ok := seen[key]
+				mu.Unlock()
+				if !ok {
+					errs <- fmt.Errorf("Put(%s) returned before the watchers saw it", key)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }

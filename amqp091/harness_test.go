@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
 
+	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 	"github.com/kubemq-io/kubemq-proxy/registry"
@@ -26,17 +29,18 @@ import (
 // channel and a virtual host unique to the test, so runs against a shared
 // KubeMQ never see each other's queues.
 type env struct {
-	t       testing.TB
-	addr    string
-	kubemq  string
-	vhost   string
-	srv     *Server
-	kc      *kubemqclient.Client
-	reg     *registry.Registry
-	regChan string
-	ready   atomic.Pointer[error]
-	log     *zap.Logger
-	stopFn  func()
+	t        testing.TB
+	addr     string
+	kubemq   string
+	dialOpts []grpc.DialOption // the in-memory link (KUBEMQ_INPROCESS)
+	vhost    string
+	srv      *Server
+	kc       *kubemqclient.Client
+	reg      *registry.Registry
+	regChan  string
+	ready    atomic.Pointer[error]
+	log      *zap.Logger
+	stopFn   func()
 }
 
 func randHex(n int) string {
@@ -47,7 +51,16 @@ func randHex(n int) string {
 
 func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	t.Helper()
-	e := &env{t: t, kubemq: kubemqtest.Address(t), vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
+	e := &env{t: t, vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
+	if os.Getenv("KUBEMQ_LINK") == "memory" && !kubemqtest.External() {
+		// KUBEMQ_LINK=memory: through the in-memory link the binary uses
+		// with its embedded server (strict, as every test backend); by
+		// default loopback TCP (the Pub/Sub suite defaults to memory).
+		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		e.kubemq, e.dialOpts = "passthrough:///embedded", []grpc.DialOption{grpc.WithContextDialer(srv.DialInProcess)}
+	} else {
+		e.kubemq = kubemqtest.Address(t)
+	}
 	e.log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	e.start(opts...)
 	return e
@@ -58,7 +71,7 @@ func (e *env) start(opts ...func(*Options)) {
 	t := e.t
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: e.kubemq, Logger: e.log.Named("kubemq")})
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: e.kubemq, Logger: e.log.Named("kubemq"), DialOptions: e.dialOpts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,6 +113,12 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		default:
 			kaddr, _ = kubemqtest.StartEmbedded(t, embedded.Options{DataDir: t.TempDir(), Logger: log})
 		}
+	} else if os.Getenv("KUBEMQ_LINK") != "tcp" && !kubemqtest.External() && !cfg.relay {
+		// By default this suite reaches the embedded server (strict, as
+		// every test backend) through the in-memory link the binary uses;
+		// KUBEMQ_LINK=tcp uses loopback TCP (the AMQP suite's default).
+		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		kaddr, inproc = "passthrough:///embedded", grpc.WithContextDialer(srv.DialInProcess)
 	} else {
 		kaddr = kubemqtest.Address(t)
 	}

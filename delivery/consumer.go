@@ -155,12 +155,16 @@ type Stats struct {
 	StoreFailures    uint64 // batches given back to the queue because the record failed
 	LeasesLost       uint64 // leases dropped by backend failures
 	Resets           uint64 // lease-table drops
+	// OtherConsumers counts queue inspections that found another consumer holding or waiting
+	// on the queue (Backend ConsumerCounter): another replica or a native client reads it.
+	OtherConsumers uint64
 }
 
 type counters struct {
 	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
-	corrupt, storeFailures, leasesLost, resets atomic.Uint64
+	corrupt, storeFailures, leasesLost, resets, otherConsumers atomic.Uint64
+	lastOtherWarn atomic.Int64 // Unix ns of the last warning
 }
 
 // waiter is one Fetch call waiting for deliveries. Owned by Consumer.mu until done is closed.
@@ -635,6 +639,7 @@ func (c *Consumer) Stats() Stats {
 	s.EntriesRecovered = c.st.recovered.Load()
 	s.RecordsCorrupt = c.st.corrupt.Load()
 	s.StoreFailures = c.st.storeFailures.Load()
+	s.OtherConsumers = c.st.otherConsumers.Load()
 	s.LeasesLost = c.st.leasesLost.Load()
 	s.Resets = c.st.resets.Load()
 	return s

@@ -13,12 +13,17 @@ func NewKubeMQBackend(c *kubemqclient.Client) Backend { return kubemqBackend{c} 
 type kubemqBackend struct{ c *kubemqclient.Client }
 
 func (k kubemqBackend) Waiting(ctx context.Context, queue string) (int64, error) {
+	n, _, err := k.QueueState(ctx, queue)
+	return n, err
+}
+
+func (k kubemqBackend) QueueState(ctx context.Context, queue string) (waiting, consumers int64, err error) {
 	info, err := k.c.QueuesInfo(ctx, queue)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	qi, _ := info.Queue(queue) // a queue nobody sent to yet is not listed: 0 waiting
-	return qi.Waiting, nil
+	return qi.Waiting, qi.Subscribers, nil
 }
 
 func (k kubemqBackend) Send(ctx context.Context, queue string, msgs []Message) ([]error, error) {

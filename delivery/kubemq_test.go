@@ -596,3 +596,50 @@ func TestKubeMQManager(t *testing.T) {
 	}
 	checkStrict()
 }
+
+// TestKubeMQOtherConsumerReported: a Consumer that finds another reader on
+// its queue (here a raw downstream Get waiting on it, as a second proxy
+// replica's would) counts it in OtherConsumers (and warns), because
+// concurrent transactions on one queue are a hazard on the real server.
+// The embedded server runs non-strict here: strict mode refuses the second
+// transaction outright.
+func TestKubeMQOtherConsumerReported(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	if !kubemqtest.External() {
+		addr, _ = kubemqtest.StartEmbedded(t, embedded.Options{})
+	}
+	a, b := dial(t, addr), dial(t, addr)
+	queue := uniqueQueue(t)
+	c := kubemqConsumer(t, a, queue, Options{})
+	defer closeWithin(t, c, 10*time.Second)
+
+	ds, err := b.OpenDownstream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	other := make(chan error, 1)
+	go func() { // the other reader: a Get waiting on the empty queue
+		_, err := ds.Get(context.Background(), kubemqclient.GetRequest{Channel: queue, MaxItems: 1, Wait: 5 * time.Second})
+		other <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	fetched := make(chan struct{})
+	go func() { // keeps c polling (QueuesInfo before each idle Get)
+		defer close(fetched)
+		c.Fetch(ctx, 1)
+	}()
+	for c.Stats().OtherConsumers == 0 {
+		select {
+		case <-fetched:
+			t.Fatalf("no other consumer seen in 5 s of polling: %+v", c.Stats())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	<-fetched
+	if err := <-other; err != nil && !errors.Is(err, kubemqclient.ErrWaitExpired) {
+		t.Logf("the other reader's Get: %v", err)
+	}
+}

@@ -31,6 +31,7 @@ func (s *Stats) add(o Stats) {
 	s.StoreFailures += o.StoreFailures
 	s.LeasesLost += o.LeasesLost
 	s.Resets += o.Resets
+	s.OtherConsumers += o.OtherConsumers
 }
 
 // Totals returns the sum over every Consumer the Manager has run: counters include closed
@@ -97,6 +98,8 @@ var metricDescs = func() []metricDesc {
 		c("store_failures", "Get batches given back because their record could not be stored.", func(s *Stats) uint64 { return s.StoreFailures }),
 		c("leases_lost", "Leases dropped because the backend failed.", func(s *Stats) uint64 { return s.LeasesLost }),
 		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
+		c("other_consumers_seen", "Queue inspections that found another consumer (replica or native client) on a queue this engine consumes.",
+			func(s *Stats) uint64 { return s.OtherConsumers }),
 	}
 }()
 

@@ -165,7 +165,7 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bool, err error) {
 	want := int64(min(demand, c.opts.MaxBatch))
 	if st.known < want {
-		n, err := c.b.Waiting(c.pollCtx, c.queue)
+		n, err := c.waiting()
 		if err != nil {
 			return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
 		}
@@ -227,6 +227,27 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	}
 	st.unsynced = 0
 	return false, nil
+}
+
+// waiting asks how many messages wait. Asked while this stream holds no transaction, a backend
+// that also counts consumers reveals another reader of the queue; that is reported (a counter, and
+// a warning at most once a minute), since concurrent transactions on one queue make the real
+// server redeliver acked messages and occasionally lose one (kubemq-api.md 8.8).
+func (c *Consumer) waiting() (int64, error) {
+	cc, ok := c.b.(ConsumerCounter)
+	if !ok {
+		return c.b.Waiting(c.pollCtx, c.queue)
+	}
+	n, others, err := cc.QueueState(c.pollCtx, c.queue)
+	if err == nil && others > 0 {
+		c.st.otherConsumers.Add(1)
+		now := time.Now().UnixNano()
+		if last := c.st.lastOtherWarn.Load(); now-last > int64(time.Minute) && c.st.lastOtherWarn.CompareAndSwap(last, now) {
+			c.log.Warn("another consumer reads this queue (a second proxy replica or a native client): concurrent transactions on one KubeMQ queue can redeliver acked messages and lose some; route the queue's consumers to one replica",
+				zap.String("queue", c.queue), zap.Int64("consumers", others))
+		}
+	}
+	return n, err
 }
 
 // batch is what one Get turns into: new leases, re-armed and recovered ones, and the records

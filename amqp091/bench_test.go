@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,8 +15,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 )
 
 // Benchmarks of the issue, proxy (embedded KubeMQ) next to RabbitMQ when
@@ -412,52 +409,4 @@ func TestMain(m *testing.M) {
 		rabbitStop()
 	}
 	os.Exit(code)
-}
-
-func rssKiB(b *testing.B) int {
-	b.Helper()
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		b.Skip("no /proc/self/status")
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
-		}
-	}
-	b.Skip("no VmRSS")
-	return 0
-}
-
-// BenchmarkIdleConnections opens 1,000 idle connections (raw peers with one
-// open channel each, heartbeats on) and reports the growth of this
-// process's RSS per connection. The peers live in the same process, so the
-// figure is an upper bound for the proxy's share.
-func BenchmarkIdleConnections(b *testing.B) {
-	const n = 1000
-	e := newEnv(b)
-	runtime.GC()
-	before := rssKiB(b)
-	peers := make([]*peer, 0, n)
-	for range n {
-		p := e.rawDial()
-		p.raw(wire.ProtocolHeader[:])
-		p.recv()
-		p.send(0, &wire.ConnectionStartOk{Mechanism: "PLAIN", Response: "\x00guest\x00guest", Locale: "en_US"})
-		p.recv()
-		p.send(0, &wire.ConnectionTuneOk{ChannelMax: 0, FrameMax: 0, Heartbeat: 60})
-		p.send(0, &wire.ConnectionOpen{VirtualHost: e.vhost})
-		p.recv()
-		p.openChannel(1)
-		p.nc.SetDeadline(time.Time{})
-		peers = append(peers, p)
-	}
-	runtime.GC()
-	after := rssKiB(b)
-	b.ReportMetric(float64(after-before)/n, "KiB/conn")
-	b.ReportMetric(float64(after)/1024, "RSS-MiB")
-	for _, p := range peers {
-		p.nc.Close()
-	}
 }

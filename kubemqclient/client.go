@@ -377,9 +377,13 @@ func (c *Client) setReady(up bool) {
 		hooks = append(hooks, h)
 	}
 	c.stateMu.Unlock()
-	if up {
+	switch {
+	case up:
 		c.log.Info("kubemq ready", zap.String("address", c.opts.Address))
-	} else {
+	case c.isClosed():
+		// Close itself: an orderly shutdown, not an outage.
+		c.log.Info("kubemq client closed", zap.String("address", c.opts.Address))
+	default:
 		c.log.Warn("kubemq not ready", zap.String("address", c.opts.Address))
 	}
 	for _, h := range hooks {

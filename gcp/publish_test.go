@@ -174,6 +174,16 @@ func TestPublishErrors(t *testing.T) {
 		{"reserved attribute", e.topicName(tid), []*pubsubpb.PubsubMessage{good(), {Data: []byte("x"), Attributes: map[string]string{gcp.TagMessageID: "1"}}}, codes.InvalidArgument},
 		{"mixed ordering keys", e.topicName(tid), []*pubsubpb.PubsubMessage{{Data: []byte("x"), OrderingKey: "a"}, {Data: []byte("y"), OrderingKey: "b"}}, codes.FailedPrecondition},
 	}
+	// Beyond the request limit plus the transport's headroom, gRPC refuses
+	// the request from its length prefix, before reading (and buffering)
+	// its body.
+	huge := []*pubsubpb.PubsubMessage{{Data: make([]byte, 6<<20)}, {Data: make([]byte, 6<<20)}}
+	cases = append(cases, struct {
+		name  string
+		topic string
+		msgs  []*pubsubpb.PubsubMessage
+		code  codes.Code
+	}{"request over the transport bound", e.topicName(tid), huge, codes.ResourceExhausted})
 	for _, tc := range cases {
 		_, err := pc.Publish(ctx, &pubsubpb.PublishRequest{Topic: tc.topic, Messages: tc.msgs})
 		if statusCode(err) != tc.code {

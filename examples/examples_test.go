@@ -3,20 +3,15 @@
 package examples
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
 )
 
@@ -25,81 +20,39 @@ import (
 // addresses by listener name once /readyz answers 200.
 func startProxy(t *testing.T) map[string]string {
 	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "kubemq-proxy")
-	build := exec.Command("go", "build", "-race", "-o", bin, ".")
-	build.Dir = ".."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	cmd := exec.Command(bin, "--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
-		"--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict")
-	cmd.Dir = dir
-	stderr, err := cmd.StderrPipe()
+	bin := proctest.Binary(t, true)
+	want := []string{"http", "gcp", "amqp"}
+	p, err := proctest.Start(bin, "proxy", t.TempDir(), want, "--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0",
+		"--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
+		if err := p.Stop(20 * time.Second); err != nil {
+			t.Errorf("proxy: %v", err)
+		}
+		if probs := p.Problems(); len(probs) > 0 {
+			t.Errorf("proxy log: %s", strings.Join(probs, "\n"))
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", p.Tail(60))
 		}
 	})
+	if err := proctest.WaitReady(p.Addr("http"), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	addrs := map[string]string{}
-	var mu sync.Mutex
-	found := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		signalled := false
-		for sc.Scan() {
-			var rec struct{ Msg, Listener, Address string }
-			if json.Unmarshal(sc.Bytes(), &rec) != nil || rec.Msg != "listening" {
-				continue
-			}
-			mu.Lock()
-			addrs[rec.Listener] = rec.Address
-			all := addrs["http"] != "" && addrs["gcp"] != "" && addrs["amqp"] != ""
-			mu.Unlock()
-			if all && !signalled {
-				signalled = true
-				close(found)
-			}
-		}
-		io.Copy(io.Discard, stderr)
-	}()
-	select {
-	case <-found:
-	case <-done:
-		t.Fatal("proxy exited before listening")
-	case <-time.After(60 * time.Second):
-		t.Fatal("proxy did not report its listeners")
+	for _, l := range want {
+		addrs[l] = p.Addr(l)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addrs["http"] + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz not 200 within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return map[string]string{"gcp": addrs["gcp"], "amqp": addrs["amqp"]}
+	return addrs
+}
+
+// TestMain removes the proxy binary built for the examples.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	proctest.Cleanup()
+	os.Exit(code)
 }
 
 // example is one program: how to run it and what it must print.

@@ -48,7 +48,7 @@ type QueueState struct {
 
 // State describes connections, vhosts and queues (proxy.Stater).
 func (s *Server) State() any {
-	var st State
+	st := State{Connections: []ConnState{}, Vhosts: []VhostState{}} // [] rather than null in JSON
 	s.mu.Lock()
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -78,7 +78,7 @@ func (s *Server) State() any {
 		if name == "default" {
 			name = "/" // as clients name it
 		}
-		vs := VhostState{Name: name, Exchanges: len(v.routes.Exchanges())}
+		vs := VhostState{Name: name, Exchanges: len(v.routes.Exchanges()), Queues: []QueueState{}}
 		v.mu.Lock()
 		for _, q := range v.queues {
 			if q.deleted {

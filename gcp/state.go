@@ -36,7 +36,7 @@ type SubState struct {
 
 // State describes topics, subscriptions and open streams (proxy.Stater).
 func (s *Server) State() any {
-	st := State{Topics: len(s.cat.topicIDs()), StreamingPulls: int(s.m.openStreams.Load())}
+	st := State{Topics: len(s.cat.topicIDs()), StreamingPulls: int(s.m.openStreams.Load()), Subscriptions: []SubState{}}
 	ids := s.cat.subIDs()
 	slices.Sort(ids)
 	now := time.Now()

@@ -2,7 +2,7 @@
 // binary (with -race when the tests run with it), runs the proxy as its own
 // process on the embedded in-memory backend (or on $KUBEMQ_ADDRESS), and
 // holds idle clients on it: TestLoadAMQP 1,000 amqp091-go connections with
-// 10 channels each and a 2 s heartbeat for 10 s (none may be closed, sample
+// 10 channels each and a 3 s heartbeat for 10 s (none may be closed, sample
 // channels must still publish and get); TestLoadPubSub 200 raw StreamingPull
 // streams, one per subscription, each of which must receive and ack every
 // message published while all are open. After the clients close, the

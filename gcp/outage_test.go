@@ -2,7 +2,6 @@ package gcp_test
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -216,30 +215,10 @@ func TestOrderingSurvivesOutage(t *testing.T) {
 	e.createTopic(ctx, tid)
 	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid), EnableMessageOrdering: true, AckDeadlineSeconds: 10})
 	c := e.v2()
-	publish := func(from, to int) {
-		p := c.Publisher(tid)
-		p.EnableMessageOrdering = true
-		defer p.Stop()
-		var rs []*pubsub.PublishResult
-		for i := from; i < to; i++ {
-			rs = append(rs, p.Publish(ctx, &pubsub.Message{Data: []byte("m"), Attributes: map[string]string{"i": strconv.Itoa(i)}, OrderingKey: "k"}))
-		}
-		for _, r := range rs {
-			if _, err := r.Get(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	const first, total = 10, 20
-	publish(0, first)
+	publishKeyed(t, ctx, c, tid, 0, first)
 	sc := rawSubscriber(t, e)
-	var got []*pubsubpb.ReceivedMessage
-	for len(got) == 0 {
-		got = pull(t, ctx, sc, e.subName(sid), 5)
-	}
-	if i := got[0].Message.Attributes["i"]; len(got) != 1 || i != "0" {
-		t.Fatalf("handed out %d messages starting at %s, want only message 0", len(got), i)
-	}
+	leaseHead(t, ctx, sc, e.subName(sid))
 
 	// A Pull waits (the key's head is out, nothing else is deliverable)
 	// when KubeMQ goes away: the runtime hears that its leases are lost.
@@ -263,32 +242,6 @@ func TestOrderingSurvivesOutage(t *testing.T) {
 	wantCode(t, <-waiting, codes.Unavailable, "")
 	e.relay.restore()
 	e.awaitReady(ctx, true)
-	publish(first, total)
-
-	var order []int
-	seen := map[int]bool{}
-	for len(seen) < total {
-		ms := pull(t, ctx, sc, e.subName(sid), 10)
-		var ids []string
-		for _, m := range ms {
-			i, _ := strconv.Atoi(m.Message.Attributes["i"])
-			order = append(order, i)
-			seen[i] = true
-			ids = append(ids, m.AckId)
-		}
-		if len(ids) > 0 {
-			if _, err := sc.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(sid), AckIds: ids}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Logf("delivery order after the outage: %v", order)
-	if order[0] != 0 {
-		t.Fatalf("the first unacked message (0) was not delivered first: %v", order)
-	}
-	for k := 1; k < len(order); k++ {
-		if order[k] < order[k-1] {
-			t.Fatalf("key delivered out of order after the outage: %v", order)
-		}
-	}
+	publishKeyed(t, ctx, c, tid, first, total)
+	drainKeyInOrder(t, ctx, sc, e.subName(sid), total, "outage")
 }

@@ -1,11 +1,9 @@
 package gcp_test
 
 import (
-	"strconv"
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
@@ -118,57 +116,10 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := e.v2()
-	publish := func(from, to int) {
-		p := c.Publisher(tid)
-		p.EnableMessageOrdering = true
-		defer p.Stop()
-		var rs []*pubsub.PublishResult
-		for i := from; i < to; i++ {
-			rs = append(rs, p.Publish(ctx, &pubsub.Message{Data: []byte("m"), Attributes: map[string]string{"i": strconv.Itoa(i)}, OrderingKey: "k"}))
-		}
-		for _, r := range rs {
-			if _, err := r.Get(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	const first, total = 10, 20
-	publish(0, first)
-	var got []*pubsubpb.ReceivedMessage
-	for len(got) == 0 {
-		got = pull(t, ctx, a, e.subName(sid), 5)
-	}
-	if i := got[0].Message.Attributes["i"]; len(got) != 1 || i != "0" {
-		t.Fatalf("replica A handed out %d messages starting at %s, want only message 0", len(got), i)
-	}
+	publishKeyed(t, ctx, c, tid, 0, first)
+	leaseHead(t, ctx, a, e.subName(sid))
 	own.Close() // A dies holding message 0 out and the rest of the key behind it
-	publish(first, total)
-
-	b := rawSubscriber(t, e)
-	var order []int
-	seen := map[int]bool{}
-	for len(seen) < total {
-		ms := pull(t, ctx, b, e.subName(sid), 10)
-		var ids []string
-		for _, m := range ms {
-			i, _ := strconv.Atoi(m.Message.Attributes["i"])
-			order = append(order, i)
-			seen[i] = true
-			ids = append(ids, m.AckId)
-		}
-		if len(ids) > 0 {
-			if _, err := b.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(sid), AckIds: ids}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Logf("delivery order after the crash: %v", order)
-	for k := 1; k < len(order); k++ {
-		if order[k] < order[k-1] {
-			t.Fatalf("key delivered out of order after the crash: %v", order)
-		}
-	}
-	if order[0] != 0 {
-		t.Fatalf("the first unacked message (0) was not delivered first: %v", order)
-	}
+	publishKeyed(t, ctx, c, tid, first, total)
+	drainKeyInOrder(t, ctx, rawSubscriber(t, e), e.subName(sid), total, "crash")
 }

@@ -117,11 +117,10 @@ func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
 // head and may be handed out now; otherwise it waits in the key's pending
 // list, in publish order.
 func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
-	l.order = orderOf(l.d.Tags)
-	if l.order.id != "" {
-		r.byMsgID[l.order.id] = l
+	if id := l.d.Tags[TagMessageID]; id != "" {
+		r.byMsgID[id] = l
 		if w := r.awaiting[l.key]; w != nil {
-			delete(w, l.order.id)
+			delete(w, id)
 		}
 	}
 	ks := r.keys[l.key]
@@ -133,6 +132,9 @@ func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
 		ks.head = l
 		return true
 	}
+	// Only pending messages are compared, so only they need their order
+	// (a time parse): a key's head on the usual path skips it.
+	l.order = orderOf(l.d.Tags)
 	l.state = leasePending
 	i, _ := slices.BinarySearchFunc(ks.pending, l, func(p, l *lease) int {
 		if c := p.order.compare(l.order); c != 0 {

@@ -7,6 +7,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 // TestRestartKeepsTopologyAndMessages: a new proxy process on the same
@@ -63,13 +64,8 @@ func TestCrashRedeliveryAfterAckDeadline(t *testing.T) {
 	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid), AckDeadlineSeconds: 12})
 
 	// Replica A, on a KubeMQ connection of its own, leases the message...
-	shared, own := e.kc, e.dialKubeMQ()
-	e.kc = own
-	addrA, _, stopA := e.startReplica()
-	e.kc = shared
-	t.Cleanup(stopA)
+	a, own := e.startCrashableReplica()
 	ids := publishN(t, ctx, e.v2(), tid, 1, "")
-	a := rawSubscriber(t, &env{addr: addrA})
 	var leased []*pubsubpb.ReceivedMessage
 	for len(leased) == 0 {
 		leased = pull(t, ctx, a, e.subName(sid), 1)
@@ -105,12 +101,7 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 	tid, sid := e.id("t"), e.id("s")
 	e.createTopic(ctx, tid)
 
-	shared, own := e.kc, e.dialKubeMQ()
-	e.kc = own
-	addrA, _, stopA := e.startReplica()
-	e.kc = shared
-	t.Cleanup(stopA)
-	a := rawSubscriber(t, &env{addr: addrA})
+	a, own := e.startCrashableReplica()
 	if _, err := a.CreateSubscription(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid),
 		EnableMessageOrdering: true, AckDeadlineSeconds: 10}); err != nil {
 		t.Fatal(err)
@@ -122,4 +113,17 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 	own.Close() // A dies holding message 0 out and the rest of the key behind it
 	publishKeyed(t, ctx, c, tid, first, total)
 	drainKeyInOrder(t, ctx, rawSubscriber(t, e), e.subName(sid), total, "crash")
+}
+
+// startCrashableReplica starts a replica on a KubeMQ connection of its own
+// and returns a Subscriber client of it and that connection: closing the
+// connection is the replica dying (it can no longer settle, give back or
+// re-arm anything).
+func (e *env) startCrashableReplica() (pubsubpb.SubscriberClient, *kubemqclient.Client) {
+	shared, own := e.kc, e.dialKubeMQ()
+	e.kc = own
+	addr, _, stop := e.startReplica()
+	e.kc = shared
+	e.t.Cleanup(stop)
+	return rawSubscriber(e.t, &env{addr: addr}), own
 }

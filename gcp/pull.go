@@ -66,7 +66,7 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, relea
 	r = newSubRuntime(s, e, h)
 	if r.ordered {
 		h.OnUnsettled(r.unsettled)
-		if _, fresh := s.createdHere.Load(e.uid); !fresh {
+		if _, done := s.noRecovery.Load(e.uid); !done {
 			// Created before this process started (and not yet recovered
 			// by an earlier runtime here): lease records of an earlier
 			// process may still be on their way back.
@@ -99,7 +99,7 @@ func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 		return
 	}
 	if recovered {
-		s.createdHere.Store(r.uid, struct{}{})
+		s.noRecovery.Store(r.uid, struct{}{})
 	}
 	delete(s.runtimes, r.id)
 	s.bg.Add(1)

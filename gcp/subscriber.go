@@ -166,7 +166,7 @@ func (p *subscriber) CreateSubscription(ctx context.Context, req *pubsubpb.Subsc
 	if e.queue, err = s.newSubQueue(ctx, sn.ID, e.uid); err != nil {
 		return nil, toStatus(err)
 	}
-	s.createdHere.Store(e.uid, struct{}{})
+	s.noRecovery.Store(e.uid, struct{}{})
 	return s.storeSub(ctx, e, sn.Project)
 }
 

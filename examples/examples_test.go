@@ -50,9 +50,7 @@ func startProxy(t *testing.T) map[string]string {
 
 // TestMain removes the proxy binary built for the examples.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	proctest.Cleanup()
-	os.Exit(code)
+	proctest.Main(m)
 }
 
 // example is one program: how to run it and what it must print.

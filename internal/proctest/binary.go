@@ -106,6 +106,14 @@ func statSources() {
 	})
 }
 
+// Main is the TestMain of a suite that runs the binary: it runs the tests,
+// removes what Binary built and exits with the tests' code.
+func Main(m *testing.M) {
+	code := m.Run()
+	Cleanup()
+	os.Exit(code)
+}
+
 // Cleanup removes the binaries Binary built (tens of MB each, left behind
 // by every run otherwise). Call it from TestMain after m.Run.
 func Cleanup() {

@@ -160,9 +160,7 @@ func addStats(format string, args ...any) {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	proctest.Cleanup()
-	os.Exit(code)
+	proctest.Main(m)
 }
 
 func TestFaults(t *testing.T) {

@@ -24,9 +24,7 @@ func TestMain(m *testing.M) {
 	if p := os.Getenv("LOAD_PROXY_BIN"); p != "" {
 		os.Setenv(proctest.EnvBinary, p)
 	}
-	code := m.Run()
-	proctest.Cleanup()
-	os.Exit(code)
+	proctest.Main(m)
 }
 
 // metrics is one /metrics scrape of the proxy.

@@ -12,9 +12,7 @@ import (
 
 // TestMain removes the built binary (tens of MB per run) after the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	proctest.Cleanup()
-	os.Exit(code)
+	proctest.Main(m)
 }
 
 // proxyBinary returns the command built with -race, once per test run.

@@ -29,18 +29,18 @@ import (
 // channel and a virtual host unique to the test, so runs against a shared
 // KubeMQ never see each other's queues.
 type env struct {
-	t        testing.TB
-	addr     string
-	kubemq   string
-	dialOpts []grpc.DialOption // the in-memory link (KUBEMQ_INPROCESS)
-	vhost    string
-	srv      *Server
-	kc       *kubemqclient.Client
-	reg      *registry.Registry
-	regChan  string
-	ready    atomic.Pointer[error]
-	log      *zap.Logger
-	stopFn   func()
+	t       testing.TB
+	addr    string
+	kubemq  string
+	conn    grpc.ClientConnInterface // the in-process channel (KUBEMQ_LINK=memory)
+	vhost   string
+	srv     *Server
+	kc      *kubemqclient.Client
+	reg     *registry.Registry
+	regChan string
+	ready   atomic.Pointer[error]
+	log     *zap.Logger
+	stopFn  func()
 }
 
 func randHex(n int) string {
@@ -53,11 +53,11 @@ func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	t.Helper()
 	e := &env{t: t, vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
 	if os.Getenv("KUBEMQ_LINK") == "memory" && !kubemqtest.External() {
-		// KUBEMQ_LINK=memory: through the in-memory link the binary uses
+		// KUBEMQ_LINK=memory: through the in-process channel the binary uses
 		// with its embedded server (strict, as every test backend); by
 		// default loopback TCP (the Pub/Sub suite defaults to memory).
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
-		e.kubemq, e.dialOpts = "passthrough:///embedded", []grpc.DialOption{grpc.WithContextDialer(srv.DialInProcess)}
+		e.kubemq, e.conn = "embedded", srv.Channel()
 	} else {
 		e.kubemq = kubemqtest.Address(t)
 	}
@@ -71,7 +71,7 @@ func (e *env) start(opts ...func(*Options)) {
 	t := e.t
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: e.kubemq, Logger: e.log.Named("kubemq"), DialOptions: e.dialOpts})
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: e.kubemq, Logger: e.log.Named("kubemq"), Conn: e.conn})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func TestRestartKeepsDurableTopology(t *testing.T) {
 // binding declared behind one routes publishes made behind the other.
 func TestReplicasShareTopology(t *testing.T) {
 	a := newEnv(t)
-	b := &env{t: t, kubemq: a.kubemq, dialOpts: a.dialOpts, vhost: a.vhost, regChan: a.regChan, log: a.log}
+	b := &env{t: t, kubemq: a.kubemq, conn: a.conn, vhost: a.vhost, regChan: a.regChan, log: a.log}
 	b.start()
 	cha := a.channel(a.dial())
 	if err := cha.ExchangeDeclare("shared.x", "direct", true, false, false, false, nil); err != nil {
@@ -348,7 +348,7 @@ func TestCrashedProxyLosesNothing(t *testing.T) {
 	// "kill -9": the proxy's KubeMQ connection goes away with its leases.
 	a.kc.Close()
 
-	b := &env{t: t, kubemq: a.kubemq, dialOpts: a.dialOpts, vhost: a.vhost, regChan: a.regChan, log: a.log}
+	b := &env{t: t, kubemq: a.kubemq, conn: a.conn, vhost: a.vhost, regChan: a.regChan, log: a.log}
 	b.start()
 	bch := b.channel(b.dial())
 	got := map[string]bool{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,13 @@ type env struct {
 func newEnv(t *testing.T, opts embedded.Options) *env {
 	t.Helper()
 	addr, srv := kubemqtest.StartEmbedded(t, opts)
-	return &env{t: t, srv: srv, c: dial(t, addr), ctx: testCtx(t)}
+	c := dial(t, addr)
+	if os.Getenv(kubemqtest.EnvLink) == "memory" {
+		// The whole suite through the in-process channel: it must behave
+		// as the network does.
+		c = pb.NewKubemqClient(srv.Channel())
+	}
+	return &env{t: t, srv: srv, c: c, ctx: testCtx(t)}
 }
 
 // strictEnv is an in-memory strict server.

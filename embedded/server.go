@@ -111,7 +111,7 @@ type Server struct {
 	start time.Time
 	store *logStore // nil in memory
 
-	inproc inProcess // DialInProcess
+	calls channelCalls // handlers running for Channel callers
 
 	// ctx is cancelled by Stop: every stream handler and background goroutine watches it.
 	ctx    context.Context
@@ -206,11 +206,13 @@ func (s *Server) Serve(lis net.Listener) error {
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.cancel()
+		s.calls.close()
 		done := make(chan struct{})
-		go func() { s.grpc.GracefulStop(); close(done) }()
+		go func() { s.grpc.GracefulStop(); s.calls.wg.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(5 * time.Second):
+			s.calls.abort()
 			s.grpc.Stop()
 			<-done
 		}

@@ -12,8 +12,8 @@ package gcp_test
 // together), which varies less than wall time on a shared machine.
 // $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile or an
 // execution trace of the measured phase of a proxy benchmark;
-// $BENCH_INPROCESS=1 reaches the embedded KubeMQ through memory
-// (embedded.Server.DialInProcess) instead of loopback TCP.
+// $BENCH_INPROCESS=1 reaches the embedded KubeMQ in process, as the
+// binary does (embedded.Server.Channel), instead of over loopback TCP.
 
 import (
 	"bufio"
@@ -123,9 +123,11 @@ func BenchmarkPublish(b *testing.B) {
 			b.ResetTimer()
 			var d time.Duration
 			cpu := cpuTime()
+			stop := profileProxy(b, tg.name)
 			for range b.N {
 				d = publishAll(b, c, topicID, n)
 			}
+			stop()
 			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
 			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
 		})
@@ -391,7 +393,7 @@ func startKubeMQChild(b *testing.B) string {
 // (go test's own -cpuprofile also covers the setup, e.g. filling a
 // backlog). The returned function stops it.
 func profileProxy(b *testing.B, target string) (stop func()) {
-	if target != "proxy" {
+	if target != "proxy" && os.Getenv("BENCH_PROFILE_ALL") == "" {
 		return func() {}
 	}
 	if fn := os.Getenv("BENCH_CPUPROFILE"); fn != "" {

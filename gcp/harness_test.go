@@ -88,7 +88,7 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		o(&cfg)
 	}
 	var kaddr string
-	var inproc grpc.DialOption // nil: TCP
+	var inproc grpc.ClientConnInterface // nil: TCP
 	log := zaptest.NewLogger(t)
 	if cfg.kubemq != "" {
 		kaddr = cfg.kubemq
@@ -103,22 +103,22 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		case kubemqtest.External():
 			kaddr = kubemqtest.Address(t)
 		case os.Getenv("BENCH_INPROCESS") != "":
-			// The embedded server reached through memory (DialInProcess).
+			// The embedded server reached in process (Channel).
 			srv, err := embedded.New(embedded.Options{DataDir: t.TempDir(), Logger: log})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { srv.Close() })
-			kaddr, inproc = "passthrough:///embedded", grpc.WithContextDialer(srv.DialInProcess)
+			kaddr, inproc = "embedded", srv.Channel()
 		default:
 			kaddr, _ = kubemqtest.StartEmbedded(t, embedded.Options{DataDir: t.TempDir(), Logger: log})
 		}
 	} else if os.Getenv("KUBEMQ_LINK") != "tcp" && !kubemqtest.External() && !cfg.relay {
 		// By default this suite reaches the embedded server (strict, as
-		// every test backend) through the in-memory link the binary uses;
+		// every test backend) through the in-process channel the binary uses;
 		// KUBEMQ_LINK=tcp uses loopback TCP (the AMQP suite's default).
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
-		kaddr, inproc = "passthrough:///embedded", grpc.WithContextDialer(srv.DialInProcess)
+		kaddr, inproc = "embedded", srv.Channel()
 	} else {
 		kaddr = kubemqtest.Address(t)
 	}
@@ -127,17 +127,13 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		rl = startRelay(t, kaddr)
 		kaddr = rl.addr
 	}
-	var dialOpts []grpc.DialOption
-	if inproc != nil {
-		dialOpts = append(dialOpts, inproc)
-	}
 	suffix := randSuffix()
 	e := &env{t: t, project: "proj-" + suffix, suffix: suffix, log: log, cfg: cfg, relay: rl}
 	e.dialKubeMQ = func() *kubemqclient.Client {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Logger: log.Named("kubemq"), DialOptions: dialOpts,
+		kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: kaddr, Conn: inproc, Logger: log.Named("kubemq"),
 			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

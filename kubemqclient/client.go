@@ -53,6 +53,11 @@ type Options struct {
 	CloseTimeout time.Duration
 	// DialOptions are appended to the client's own (tests, tracing).
 	DialOptions []grpc.DialOption
+	// Conn, if set, carries every call instead of a connection dialled to
+	// Address (which is then only a name for logs): an in-process server's
+	// channel such as embedded.Server.Channel(). TLS and DialOptions do
+	// not apply to it; the client does not close it.
+	Conn grpc.ClientConnInterface
 	// Observe, if set, is called once per operation that reached the
 	// server (ObservedOps names it) with the time until the server's
 	// answer and the outcome: nil or an *Error. It runs on the caller's
@@ -61,8 +66,14 @@ type Options struct {
 }
 
 func (o *Options) setDefaults() error {
+	if o.Conn != nil && (o.TLS != nil || len(o.DialOptions) > 0) {
+		return invalidArg("Dial", "TLS and DialOptions do not apply to Conn", nil)
+	}
 	if o.Address == "" {
-		return invalidArg("Dial", "empty address", nil)
+		if o.Conn == nil {
+			return invalidArg("Dial", "empty address", nil)
+		}
+		o.Address = "in-process"
 	}
 	if o.ClientID == "" {
 		o.ClientID = "kubemq-proxy-" + randHex(4)
@@ -141,6 +152,9 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, wrapErr("Dial", err)
 	}
+	if opts.Conn != nil {
+		return newClient(opts, nil, tokenConn{opts.Conn, opts.AuthToken}), nil
+	}
 	creds := insecure.NewCredentials()
 	if opts.TLS != nil {
 		creds = credentials.NewTLS(opts.TLS)
@@ -178,11 +192,17 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, invalidArg("Dial", err.Error(), nil)
 	}
+	conn.Connect()
+	return newClient(opts, conn, conn), nil
+}
+
+// newClient starts a client on cc; conn, if not nil, is closed with it.
+func newClient(opts Options, conn *grpc.ClientConn, cc grpc.ClientConnInterface) *Client {
 	c := &Client{
 		opts:     opts,
 		log:      opts.Logger.Named("kubemqclient"),
 		conn:     conn,
-		rpc:      kubemqpb.NewKubemqClient(conn),
+		rpc:      kubemqpb.NewKubemqClient(cc),
 		clientID: opts.ClientID,
 		ids:      newIDGen(),
 		kick:     make(chan struct{}, 1),
@@ -192,9 +212,23 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.pub = newEventPublisher(c)
-	conn.Connect()
 	c.goTracked(c.healthLoop)
-	return c, nil
+	return c
+}
+
+// tokenConn puts the token on every call through an in-process Conn, as
+// the dialled connection's interceptors do.
+type tokenConn struct {
+	cc  grpc.ClientConnInterface
+	tok string
+}
+
+func (t tokenConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return t.cc.Invoke(withAuthorization(ctx, t.tok), method, args, reply, opts...)
+}
+
+func (t tokenConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return t.cc.NewStream(withAuthorization(ctx, t.tok), desc, method, opts...)
 }
 
 // ClientID is the prefix of every ClientID the client sends.
@@ -265,7 +299,9 @@ func (c *Client) Close() error {
 		c.pub.close()
 		c.wg.Wait()
 		c.setReady(false)
-		_ = c.conn.Close()
+		if c.conn != nil {
+			_ = c.conn.Close()
+		}
 	})
 	return nil
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/embedded"
@@ -135,12 +134,12 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	copts := kubemqclient.Options{Address: address, ClientID: p.cfg.KubeMQ.ClientID, AuthToken: p.cfg.KubeMQ.AuthToken, Logger: p.log.Named("kubemq"),
 		Observe: BackendObserver(p.metrics)}
 	if p.embedded != nil {
-		// The proxy's own client reaches the embedded server through memory
-		// (the same gRPC API without loopback system calls, about a tenth
-		// of the CPU per published message); embedded.listen still serves
-		// native KubeMQ clients.
-		copts.Address = "passthrough:///embedded"
-		copts.DialOptions = append(copts.DialOptions, grpc.WithContextDialer(p.embedded.DialInProcess))
+		// The proxy's own client calls the embedded server's handlers in
+		// this process (embedded.Server.Channel: the same gRPC service
+		// and messages without HTTP/2 framing or protobuf encoding);
+		// embedded.listen still serves native KubeMQ clients.
+		copts.Address = "embedded"
+		copts.Conn = p.embedded.Channel()
 	}
 	if p.cfg.KubeMQ.TLS && !p.cfg.UseEmbedded() {
 		tc, err := p.clientTLS()

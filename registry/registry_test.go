@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/grpc"
 
 	"github.com/kubemq-io/kubemq-proxy/embedded"
 
@@ -193,14 +192,13 @@ func TestSnapshotNeverOverridesNewerWrite(t *testing.T) {
 func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
 	c := dial(t, kubemqtest.Address(t))
 	if !kubemqtest.External() {
-		// Through memory, as the proxy reaches its embedded server: the
+		// In process, as the proxy reaches its embedded server: the
 		// follow stream then often hears of a write before Put returns.
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{})
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error
-		c, err = kubemqclient.Dial(ctx, kubemqclient.Options{Address: "passthrough:///embedded", Logger: zaptest.NewLogger(t),
-			DialOptions: []grpc.DialOption{grpc.WithContextDialer(srv.DialInProcess)}})
+		c, err = kubemqclient.Dial(ctx, kubemqclient.Options{Address: "embedded", Logger: zaptest.NewLogger(t), Conn: srv.Channel()})
 		if err != nil {
 			t.Fatal(err)
 		}

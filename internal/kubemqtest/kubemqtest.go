@@ -5,7 +5,10 @@ package kubemqtest
 import (
 	"net"
 	"os"
+	"sync"
 	"testing"
+
+	"google.golang.org/grpc"
 
 	"go.uber.org/zap/zaptest"
 
@@ -48,7 +51,10 @@ func StartEmbedded(t testing.TB, opts embedded.Options) (addr string, srv *embed
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()
+	addr = lis.Addr().String()
+	started.Store(addr, srv)
 	t.Cleanup(func() {
+		started.Delete(addr)
 		if err := srv.Close(); err != nil {
 			t.Errorf("kubemqtest: close embedded server: %v", err)
 		}
@@ -56,5 +62,34 @@ func StartEmbedded(t testing.TB, opts embedded.Options) (addr string, srv *embed
 			t.Errorf("kubemqtest: serve: %v", err)
 		}
 	})
-	return lis.Addr().String(), srv
+	return addr, srv
+}
+
+// started maps the address of each embedded server StartEmbedded runs to it.
+var started sync.Map
+
+// EnvLink names the environment variable that chooses how tests reach an
+// embedded server: "memory" through its in-process channel
+// (embedded.Server.Channel, what the proxy binary uses), "tcp" through its
+// listener.
+const EnvLink = "KUBEMQ_LINK"
+
+// Link returns the in-process channel of the embedded server StartEmbedded
+// runs on addr when $KUBEMQ_LINK is "memory" (or is empty and memory is
+// the caller's default), else nil: dial addr. Use it as
+// kubemqclient.Options.Conn.
+func Link(addr string, memoryByDefault bool) grpc.ClientConnInterface {
+	switch os.Getenv(EnvLink) {
+	case "memory":
+	case "":
+		if !memoryByDefault {
+			return nil
+		}
+	default:
+		return nil
+	}
+	if srv, ok := started.Load(addr); ok {
+		return srv.(*embedded.Server).Channel()
+	}
+	return nil
 }

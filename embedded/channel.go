@@ -1,0 +1,391 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+// channelBuffer is how many messages each direction of an in-process
+// stream holds before its sender waits (gRPC's flow-control window).
+const channelBuffer = 128
+
+// Channel returns a client connection that calls the server's kubemq.kubemq
+// handlers in this process: the same service, messages, handlers,
+// interceptors, metadata, deadlines, cancellation and status codes as a
+// gRPC connection, without HTTP/2 framing or protobuf encoding. Every
+// message is copied as it crosses, so neither side sees the other's later
+// changes, as with a network in between. Use it as
+// kubemqclient.Options.Conn. The server's own ServerOptions (e.g. test
+// interceptors) apply only to its network listeners. Calls after Stop fail
+// with Unavailable.
+func (s *Server) Channel() grpc.ClientConnInterface { return &channel{s: s} }
+
+type channel struct{ s *Server }
+
+var (
+	unaryMethods  = map[string]*grpc.MethodDesc{}
+	streamMethods = map[string]*grpc.StreamDesc{}
+)
+
+func init() {
+	prefix := "/" + kubemqpb.Kubemq_ServiceDesc.ServiceName + "/"
+	for i := range kubemqpb.Kubemq_ServiceDesc.Methods {
+		m := &kubemqpb.Kubemq_ServiceDesc.Methods[i]
+		unaryMethods[prefix+m.MethodName] = m
+	}
+	for i := range kubemqpb.Kubemq_ServiceDesc.Streams {
+		d := &kubemqpb.Kubemq_ServiceDesc.Streams[i]
+		streamMethods[prefix+d.StreamName] = d
+	}
+}
+
+// errChannelClosed is what a call through Channel gets after Stop: what a
+// client of a stopped server sees.
+func errChannelClosed() error {
+	return status.Error(codes.Unavailable, "connection error: embedded server stopped")
+}
+
+// channelCalls tracks the handlers running for Channel callers, so Stop can
+// wait for them before it closes the store.
+type channelCalls struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+
+	abortOnce sync.Once
+	aborted   chan struct{} // closed when Stop gives up waiting: stream sends and receives fail
+}
+
+func (c *channelCalls) begin() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
+}
+
+func (c *channelCalls) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+}
+
+// abort makes every stream handler's blocked send or receive fail with
+// Unavailable, as a server's transport closing does.
+func (c *channelCalls) abort() { c.abortOnce.Do(func() { close(c.abortCh()) }) }
+
+func (c *channelCalls) abortCh() chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted == nil {
+		c.aborted = make(chan struct{})
+	}
+	return c.aborted
+}
+
+// serverContext is what a handler sees: the caller's deadline and
+// cancellation, its outgoing metadata as incoming metadata, and none of its
+// other values.
+func serverContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	sctx, cancel := context.WithCancel(ctx)
+	sctx = metadata.NewOutgoingContext(sctx, nil)
+	return metadata.NewIncomingContext(sctx, md.Copy()), cancel
+}
+
+func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _ ...grpc.CallOption) error {
+	s := ch.s
+	desc, ok := unaryMethods[method]
+	if !ok {
+		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
+	}
+	in, ok1 := args.(proto.Message)
+	out, ok2 := reply.(proto.Message)
+	if !ok1 || !ok2 {
+		return status.Errorf(codes.Internal, "embedded channel: %T or %T is not a protobuf message", args, reply)
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	if err := checkSize(in); err != nil {
+		return err
+	}
+	if !s.calls.begin() {
+		return errChannelClosed()
+	}
+	defer s.calls.wg.Done()
+	sctx, cancel := serverContext(ctx)
+	defer cancel()
+	dec := func(m any) error {
+		copyMessage(m.(proto.Message), in, true)
+		return nil
+	}
+	resp, err := desc.Handler(s, sctx, dec, recoverUnary(s.log))
+	if err != nil {
+		return status.Convert(err).Err()
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	rm, ok := resp.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "embedded channel: handler returned %T", resp)
+	}
+	if err := checkSize(rm); err != nil {
+		return err
+	}
+	copyMessage(out, rm, true)
+	return nil
+}
+
+// checkSize refuses what gRPC would refuse: a message over the server's
+// limit (the same in both directions).
+func checkSize(m proto.Message) error {
+	if n := sizeHint(m); n > maxGRPCMessage {
+		if n = proto.Size(m); n > maxGRPCMessage {
+			return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, maxGRPCMessage)
+		}
+	}
+	return nil
+}
+
+func (ch *channel) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+	s := ch.s
+	sd, ok := streamMethods[method]
+	if !ok {
+		return nil, status.Errorf(codes.Unimplemented, "unknown method %s", method)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	if !s.calls.begin() {
+		return nil, errChannelClosed()
+	}
+	sctx, cancel := serverContext(ctx)
+	st := &chanStream{
+		aborted: s.calls.abortCh(),
+		cctx:    ctx,
+		sctx:    sctx,
+		cancel:  cancel,
+		c2s:     make(chan proto.Message, channelBuffer),
+		s2c:     make(chan proto.Message, channelBuffer),
+		sendEnd: make(chan struct{}),
+		hdrSent: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	info := &grpc.StreamServerInfo{FullMethod: method, IsClientStream: sd.ClientStreams, IsServerStream: sd.ServerStreams}
+	go func() {
+		defer s.calls.wg.Done()
+		err := recoverStream(s.log)(s, (*serverSide)(st), info, sd.Handler)
+		st.finish(err)
+	}()
+	return (*clientSide)(st), nil
+}
+
+// chanStream is one in-process stream. Messages travel as private copies
+// through c2s and s2c; sendEnd is the client's CloseSend, done the end of
+// the handler (err its status).
+type chanStream struct {
+	aborted <-chan struct{} // the server's forced stop
+	cctx    context.Context // the caller's
+	sctx    context.Context // the handler's: ends with the caller's or when the handler returns
+	cancel  context.CancelFunc
+
+	c2s, s2c chan proto.Message
+	sendEnd  chan struct{}
+	endOnce  sync.Once
+
+	mu      sync.Mutex
+	header  metadata.MD
+	trailer metadata.MD
+	hdrSent chan struct{}
+	hdrOnce sync.Once
+
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+func (st *chanStream) sendHeader() { st.hdrOnce.Do(func() { close(st.hdrSent) }) }
+
+func (st *chanStream) finish(err error) {
+	if err != nil {
+		err = status.Convert(err).Err()
+	}
+	st.err = err
+	st.sendHeader()
+	close(st.done)
+	st.cancel()
+}
+
+// clientSide is the caller's end (grpc.ClientStream).
+type clientSide chanStream
+
+func (c *clientSide) Context() context.Context { return c.cctx }
+
+func (c *clientSide) Header() (metadata.MD, error) {
+	select {
+	case <-c.hdrSent:
+	case <-c.cctx.Done():
+		return nil, status.FromContextError(c.cctx.Err()).Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.header.Copy(), nil
+}
+
+func (c *clientSide) Trailer() metadata.MD {
+	select {
+	case <-c.done:
+	default:
+		return nil // as gRPC: only after RecvMsg has returned an error
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.trailer.Copy()
+}
+
+func (c *clientSide) CloseSend() error {
+	c.endOnce.Do(func() { close(c.sendEnd) })
+	return nil
+}
+
+func (c *clientSide) SendMsg(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	}
+	select {
+	case <-c.sendEnd:
+		return status.Error(codes.Internal, "SendMsg called after CloseSend")
+	default:
+	}
+	if err := checkSize(pm); err != nil {
+		return err
+	}
+	cp := cloneMessage(pm)
+	select {
+	case c.c2s <- cp:
+		return nil
+	case <-c.done:
+		return io.EOF // as gRPC: the status comes from RecvMsg
+	case <-c.cctx.Done():
+		return io.EOF
+	}
+}
+
+func (c *clientSide) RecvMsg(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	}
+	select {
+	case r := <-c.s2c:
+		copyMessage(pm, r, false)
+		return nil
+	case <-c.done:
+		// What the handler sent before it returned comes first.
+		select {
+		case r := <-c.s2c:
+			copyMessage(pm, r, false)
+			return nil
+		default:
+		}
+		if err := c.cctx.Err(); err != nil {
+			return status.FromContextError(err).Err() // the caller ended it first
+		}
+		if c.err != nil {
+			return c.err
+		}
+		return io.EOF
+	case <-c.cctx.Done():
+		return status.FromContextError(c.cctx.Err()).Err()
+	}
+}
+
+// serverSide is the handler's end (grpc.ServerStream).
+type serverSide chanStream
+
+func (s *serverSide) Context() context.Context { return s.sctx }
+
+func (s *serverSide) SetHeader(md metadata.MD) error {
+	select {
+	case <-s.hdrSent:
+		return errors.New("transport: the stream is done or WriteHeader was already called")
+	default:
+	}
+	s.mu.Lock()
+	s.header = metadata.Join(s.header, md)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *serverSide) SendHeader(md metadata.MD) error {
+	if err := s.SetHeader(md); err != nil {
+		return err
+	}
+	(*chanStream)(s).sendHeader()
+	return nil
+}
+
+func (s *serverSide) SetTrailer(md metadata.MD) {
+	s.mu.Lock()
+	s.trailer = metadata.Join(s.trailer, md)
+	s.mu.Unlock()
+}
+
+func (s *serverSide) SendMsg(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	}
+	if err := checkSize(pm); err != nil {
+		return err
+	}
+	(*chanStream)(s).sendHeader()
+	cp := cloneMessage(pm)
+	select {
+	case s.s2c <- cp:
+		return nil
+	case <-s.sctx.Done():
+		return status.FromContextError(s.sctx.Err()).Err()
+	case <-s.aborted:
+		return errChannelClosed()
+	}
+}
+
+func (s *serverSide) RecvMsg(m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	}
+	select {
+	case r := <-s.c2s:
+		copyMessage(pm, r, false)
+		return nil
+	case <-s.sendEnd:
+		// What the caller sent before CloseSend comes first.
+		select {
+		case r := <-s.c2s:
+			copyMessage(pm, r, false)
+			return nil
+		default:
+		}
+		return io.EOF
+	case <-s.sctx.Done():
+		return status.FromContextError(s.sctx.Err()).Err()
+	case <-s.aborted:
+		return errChannelClosed()
+	}
+}

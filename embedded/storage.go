@@ -148,7 +148,15 @@ func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (uint64,
 	})
 }
 
-// appendFrame adds one record of n bytes written by put.
+// Pending records are batched in chunks of chunkBytes (a larger record
+// gets a chunk of its own); up to maxSpareChunks written chunks are kept
+// for reuse.
+const (
+	chunkBytes     = 1 << 20
+	maxSpareChunks = 16
+)
+
+// appendFrame adds one record of at most n bytes written by put.
 func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32) {
 	st.mu.Lock()
 	if st.curSize > 0 && st.curSize+n > st.s.opts.SegmentBytes {
@@ -161,14 +169,17 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	if live {
 		st.segs[seg].live.Add(1)
 	}
-	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg {
+	// A record goes to the last chunk while it has room (n is an upper
+	// bound), else to a new one: a chunk never grows (no copying of
+	// megabytes while the writer is busy).
+	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg && int64(cap(st.pending[k-1].data)-len(st.pending[k-1].data)) >= n {
 		st.pending[k-1].data = put(st.pending[k-1].data)
 	} else {
 		var buf []byte
-		if k := len(st.spare); k > 0 {
+		if k := len(st.spare); k > 0 && int64(cap(st.spare[k-1])) >= n {
 			buf, st.spare = st.spare[k-1][:0], st.spare[:k-1]
 		} else {
-			buf = make([]byte, 0, 1<<20)
+			buf = make([]byte, 0, max(chunkBytes, n))
 		}
 		st.pending = append(st.pending, chunk{seg: seg, data: put(buf)})
 	}
@@ -263,7 +274,7 @@ func (st *logStore) writer() {
 		}
 		st.mu.Lock()
 		for _, c := range chunks {
-			if len(st.spare) < 4 && cap(c.data) <= 16<<20 {
+			if len(st.spare) < maxSpareChunks && cap(c.data) == chunkBytes {
 				st.spare = append(st.spare, c.data)
 			}
 		}

@@ -18,7 +18,25 @@ import (
 
 // cloneMessage returns a deep copy of m.
 func cloneMessage(m proto.Message) proto.Message {
-	d := m.ProtoReflect().Type().New().Interface()
+	var d proto.Message
+	switch m.(type) { // the streamed ones: ProtoReflect().Type().New() costs more than the copy
+	case *pb.Event:
+		d = new(pb.Event)
+	case *pb.Result:
+		d = new(pb.Result)
+	case *pb.EventReceive:
+		d = new(pb.EventReceive)
+	case *pb.QueuesUpstreamRequest:
+		d = new(pb.QueuesUpstreamRequest)
+	case *pb.QueuesUpstreamResponse:
+		d = new(pb.QueuesUpstreamResponse)
+	case *pb.QueuesDownstreamRequest:
+		d = new(pb.QueuesDownstreamRequest)
+	case *pb.QueuesDownstreamResponse:
+		d = new(pb.QueuesDownstreamResponse)
+	default:
+		d = m.ProtoReflect().Type().New().Interface()
+	}
 	copyMessage(d, m, true)
 	return d
 }

@@ -104,7 +104,7 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 			kaddr = kubemqtest.Address(t)
 		case os.Getenv("BENCH_INPROCESS") != "":
 			// The embedded server reached in process (Channel).
-			srv, err := embedded.New(embedded.Options{DataDir: t.TempDir(), Logger: log})
+			srv, err := embedded.New(embedded.Options{DataDir: os.Getenv("XDD"), Logger: log})
 			if err != nil {
 				t.Fatal(err)
 			}

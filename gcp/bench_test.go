@@ -10,10 +10,12 @@ package gcp_test
 // beyond 1) and reports msgs/s or latency percentiles as metrics, and the
 // process's CPU time per message (client, server and embedded KubeMQ
 // together), which varies less than wall time on a shared machine.
-// $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile or an
-// execution trace of the measured phase of a proxy benchmark;
-// $BENCH_INPROCESS=1 reaches the embedded KubeMQ in process, as the
-// binary does (embedded.Server.Channel), instead of over loopback TCP.
+// The proxy reaches the embedded KubeMQ as the binary does: in process
+// (embedded.Server.Channel) and in memory; $BENCH_PERSIST=1 gives the
+// embedded server a data directory, $KUBEMQ_LINK=tcp puts loopback TCP in
+// between. $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile
+// or an execution trace of the measured phase of a proxy benchmark
+// ($BENCH_PROFILE_ALL=1: of pstest's too).
 
 import (
 	"bufio"

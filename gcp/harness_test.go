@@ -96,22 +96,27 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 			log = zap.NewNop()
 		}
 	} else if _, bench := t.(*testing.B); bench {
-		// Benchmarks measure the proxy, not debug logging; the backend
-		// runs as in production (persistent, not strict).
+		// Benchmarks measure the proxy as the binary runs it (not strict, no
+		// debug logging): the embedded server in process and in memory, or
+		// with $BENCH_PERSIST=1 with a data directory; $KUBEMQ_LINK=tcp
+		// reaches it over loopback TCP instead.
 		log = zap.NewNop()
+		opts := embedded.Options{Logger: log}
+		if os.Getenv("BENCH_PERSIST") != "" {
+			opts.DataDir = t.TempDir()
+		}
 		switch {
 		case kubemqtest.External():
 			kaddr = kubemqtest.Address(t)
-		case os.Getenv("BENCH_INPROCESS") != "":
-			// The embedded server reached in process (Channel).
-			srv, err := embedded.New(embedded.Options{DataDir: os.Getenv("XDD"), Logger: log})
+		case os.Getenv("KUBEMQ_LINK") == "tcp":
+			kaddr, _ = kubemqtest.StartEmbedded(t, opts)
+		default:
+			srv, err := embedded.New(opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { srv.Close() })
 			kaddr, inproc = "embedded", srv.Channel()
-		default:
-			kaddr, _ = kubemqtest.StartEmbedded(t, embedded.Options{DataDir: t.TempDir(), Logger: log})
 		}
 	} else if os.Getenv("KUBEMQ_LINK") != "tcp" && !kubemqtest.External() && !cfg.relay {
 		// By default this suite reaches the embedded server (strict, as

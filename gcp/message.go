@@ -33,14 +33,19 @@ func isReservedTag(k string) bool {
 	return k == TagMessageID || k == TagPublishTime || k == TagOrderingKey
 }
 
-// encodeTags is the KubeMQ tag map of one published message.
-func encodeTags(attrs map[string]string, id string, published time.Time, orderingKey string) map[string]string {
+// formatPublishTime is a publish time as the _pubsub_publish_time tag
+// holds it.
+func formatPublishTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// encodeTags is the KubeMQ tag map of one published message; published is
+// formatPublishTime's.
+func encodeTags(attrs map[string]string, id, published, orderingKey string) map[string]string {
 	tags := make(map[string]string, len(attrs)+3)
 	for k, v := range attrs {
 		tags[k] = v
 	}
 	tags[TagMessageID] = id
-	tags[TagPublishTime] = published.UTC().Format(time.RFC3339Nano)
+	tags[TagPublishTime] = published
 	tags[TagOrderingKey] = orderingKey
 	return tags
 }

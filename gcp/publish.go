@@ -79,6 +79,7 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 	ids := make([]string, len(msgs))
 	events := make([]kubemqclient.Event, len(msgs))
 	channel := topicChannel(t.id)
+	published := formatPublishTime(now) // one publish time for the batch
 	for i, m := range msgs {
 		ids[i] = s.ids.next()
 		events[i] = kubemqclient.Event{
@@ -86,7 +87,7 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			Channel:  channel,
 			Metadata: messageMetadata,
 			Body:     m.GetData(),
-			Tags:     encodeTags(m.GetAttributes(), ids[i], now, m.GetOrderingKey()),
+			Tags:     encodeTags(m.GetAttributes(), ids[i], published, m.GetOrderingKey()),
 		}
 	}
 	var copies []kubemqclient.QueueMessage

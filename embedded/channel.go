@@ -125,23 +125,51 @@ func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _
 	if !s.calls.begin() {
 		return errChannelClosed()
 	}
-	defer s.calls.wg.Done()
 	sctx, cancel := serverContext(ctx)
-	defer cancel()
-	dec := func(m any) error {
-		copyMessage(m.(proto.Message), in, true)
-		return nil
+	type result struct {
+		resp any
+		err  error
 	}
-	resp, err := desc.Handler(s, sctx, dec, recoverUnary(s.log))
-	if err != nil {
-		return status.Convert(err).Err()
+	call := func(dec func(any) error) result {
+		defer s.calls.wg.Done()
+		defer cancel() // as gRPC: the handler's context ends with the call
+		resp, err := desc.Handler(s, sctx, dec, recoverUnary(s.log))
+		return result{resp, err}
+	}
+	var r result
+	if ctx.Done() == nil {
+		r = call(func(m any) error {
+			copyMessage(m.(proto.Message), in, true)
+			return nil
+		})
+	} else {
+		// As over a network, the caller's deadline or cancellation ends
+		// its wait even when the handler does not return in time: the
+		// handler runs on its own goroutine with its own copy of the
+		// request.
+		cp := cloneMessage(in)
+		done := make(chan result, 1)
+		go func() {
+			done <- call(func(m any) error {
+				copyMessage(m.(proto.Message), cp, false)
+				return nil
+			})
+		}()
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if r.err != nil {
+		return status.Convert(r.err).Err()
 	}
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	rm, ok := resp.(proto.Message)
+	rm, ok := r.resp.(proto.Message)
 	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: handler returned %T", resp)
+		return status.Errorf(codes.Internal, "embedded channel: handler returned %T", r.resp)
 	}
 	if err := checkSize(rm); err != nil {
 		return err

@@ -187,3 +187,20 @@ func TestChannelStop(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestChannelDeadline: a unary call ends at its deadline with
+// DeadlineExceeded while the handler still waits.
+func TestChannelDeadline(t *testing.T) {
+	_, c := channelClient(t, embedded.Options{Strict: true})
+	ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.ReceiveQueueMessages(ctx, &pb.ReceiveQueueMessagesRequest{RequestID: "r", ClientID: "c", Channel: "empty",
+		MaxNumberOfMessages: 1, WaitTimeSeconds: 5})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("got %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("returned after %v", d)
+	}
+}

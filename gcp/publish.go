@@ -90,8 +90,9 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			Tags:     encodeTags(m.GetAttributes(), ids[i], published, m.GetOrderingKey()),
 		}
 	}
-	var copies []kubemqclient.QueueMessage
-	for _, sub := range s.cat.fanout(t) {
+	subs := s.cat.fanout(t)
+	copies := make([]kubemqclient.QueueMessage, 0, len(subs)*len(msgs))
+	for _, sub := range subs {
 		for i, m := range msgs {
 			if sub.match != nil && !sub.match(m.GetAttributes()) {
 				continue // filtered out: never enqueued, as Google acks it for the subscriber

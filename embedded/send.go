@@ -50,6 +50,13 @@ func (s *Server) checkQueueMessage(m *kubemqpb.QueueMessage) string {
 	return ""
 }
 
+// storedQueueMessage is a stored queue message with its attributes and policy.
+type storedQueueMessage struct {
+	msg    kubemqpb.QueueMessage
+	attrs  kubemqpb.QueueMessageAttributes
+	policy kubemqpb.QueueMessagePolicy
+}
+
 // prepareQueue validates m and builds its stored form and result. stored is nil on error.
 func (s *Server) prepareQueue(m *kubemqpb.QueueMessage, now time.Time) (res *kubemqpb.SendQueueMessageResult, stored *kubemqpb.QueueMessage) {
 	if e := s.checkQueueMessage(m); e != "" {
@@ -63,7 +70,8 @@ func (s *Server) prepareQueue(m *kubemqpb.QueueMessage, now time.Time) (res *kub
 	if id == "" {
 		id = nuids.next()
 	}
-	p := &kubemqpb.QueueMessagePolicy{}
+	st := new(storedQueueMessage) // one allocation for the message, its attributes and policy
+	p := &st.policy
 	if m.Policy != nil {
 		p.ExpirationSeconds = m.Policy.ExpirationSeconds
 		p.DelaySeconds = m.Policy.DelaySeconds
@@ -81,12 +89,11 @@ func (s *Server) prepareQueue(m *kubemqpb.QueueMessage, now time.Time) (res *kub
 	if p.ExpirationSeconds > 0 {
 		expAt = ns + int64(p.DelaySeconds+p.ExpirationSeconds)*int64(time.Second)
 	}
-	stored = &kubemqpb.QueueMessage{
-		MessageID: id, ClientID: m.ClientID, Channel: m.Channel, Metadata: m.Metadata,
-		Body: m.Body, Tags: m.Tags,
-		Attributes: &kubemqpb.QueueMessageAttributes{ExpirationAt: expAt, DelayedTo: delayedTo},
-		Policy:     p,
-	}
+	stored = &st.msg
+	stored.MessageID, stored.ClientID, stored.Channel, stored.Metadata = id, m.ClientID, m.Channel, m.Metadata
+	stored.Body, stored.Tags = m.Body, m.Tags
+	st.attrs.ExpirationAt, st.attrs.DelayedTo = expAt, delayedTo
+	stored.Attributes, stored.Policy = &st.attrs, p
 	return &kubemqpb.SendQueueMessageResult{MessageID: id, SentAt: ns, ExpirationAt: expAt, DelayedTo: delayedTo}, stored
 }
 

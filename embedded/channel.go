@@ -290,9 +290,9 @@ func (c *clientSide) CloseSend() error {
 }
 
 func (c *clientSide) SendMsg(m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	pm, err := asMessage(m)
+	if err != nil {
+		return err
 	}
 	select {
 	case <-c.sendEnd:
@@ -314,9 +314,9 @@ func (c *clientSide) SendMsg(m any) error {
 }
 
 func (c *clientSide) RecvMsg(m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	pm, err := asMessage(m)
+	if err != nil {
+		return err
 	}
 	select {
 	case r := <-c.s2c:
@@ -324,11 +324,9 @@ func (c *clientSide) RecvMsg(m any) error {
 		return nil
 	case <-c.done:
 		// What the handler sent before it returned comes first.
-		select {
-		case r := <-c.s2c:
+		if r, ok := pending(c.s2c); ok {
 			copyMessage(pm, r, false)
 			return nil
-		default:
 		}
 		if err := c.cctx.Err(); err != nil {
 			return status.FromContextError(err).Err() // the caller ended it first
@@ -374,9 +372,9 @@ func (s *serverSide) SetTrailer(md metadata.MD) {
 }
 
 func (s *serverSide) SendMsg(m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	pm, err := asMessage(m)
+	if err != nil {
+		return err
 	}
 	if err := checkSize(pm); err != nil {
 		return err
@@ -394,9 +392,9 @@ func (s *serverSide) SendMsg(m any) error {
 }
 
 func (s *serverSide) RecvMsg(m any) error {
-	pm, ok := m.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	pm, err := asMessage(m)
+	if err != nil {
+		return err
 	}
 	select {
 	case r := <-s.c2s:
@@ -404,16 +402,32 @@ func (s *serverSide) RecvMsg(m any) error {
 		return nil
 	case <-s.sendEnd:
 		// What the caller sent before CloseSend comes first.
-		select {
-		case r := <-s.c2s:
+		if r, ok := pending(s.c2s); ok {
 			copyMessage(pm, r, false)
 			return nil
-		default:
 		}
 		return io.EOF
 	case <-s.sctx.Done():
 		return status.FromContextError(s.sctx.Err()).Err()
 	case <-s.aborted:
 		return errChannelClosed()
+	}
+}
+
+func asMessage(m any) (proto.Message, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "embedded channel: %T is not a protobuf message", m)
+	}
+	return pm, nil
+}
+
+// pending returns a message ch holds, without waiting.
+func pending(ch chan proto.Message) (proto.Message, bool) {
+	select {
+	case r := <-ch:
+		return r, true
+	default:
+		return nil, false
 	}
 }

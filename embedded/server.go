@@ -214,7 +214,12 @@ func (s *Server) Stop() {
 		case <-time.After(5 * time.Second):
 			s.calls.abort()
 			s.grpc.Stop()
-			<-done
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				// As grpc.Server.Stop, which does not wait for handlers either.
+				s.log.Error("in-process calls still running 10s after Stop; closing anyway")
+			}
 		}
 		s.wg.Wait()
 		if s.store != nil {

@@ -81,8 +81,8 @@ func unsafeName(name string, maxLen int, wildcards bool) string {
 	if strings.HasPrefix(name, ".") {
 		return "cannot start with `.`"
 	}
-	tokens := strings.Split(name, ".")
-	for i, tok := range tokens {
+	for rest := name; ; { // token by token, without allocating (every message's channel is checked)
+		tok, after, more := strings.Cut(rest, ".")
 		if tok == "" {
 			return "cannot contain an empty token `..`"
 		}
@@ -90,12 +90,15 @@ func unsafeName(name string, maxLen int, wildcards bool) string {
 			if tok != "*" && tok != ">" {
 				return "wildcards `*` and `>` must be whole tokens"
 			}
-			if tok == ">" && i != len(tokens)-1 {
+			if tok == ">" && more {
 				return "wildcard `>` must be the last token"
 			}
 		}
+		if !more {
+			return ""
+		}
+		rest = after
 	}
-	return ""
 }
 
 // subjectMatch reports whether a plain-events subscription pattern (tokens, '*' one token, '>'

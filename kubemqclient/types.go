@@ -116,8 +116,8 @@ func (r SendResult) failure() error    { return r.Err }
 
 // FirstError returns the first per-item failure in results, or nil.
 func FirstError[R PublishResult | SendResult](results []R) error {
-	for _, r := range results {
-		if err := any(r).(failer).failure(); err != nil {
+	for i := range results {
+		if err := any(&results[i]).(failer).failure(); err != nil { // a pointer: no copy boxed per result
 			return err
 		}
 	}

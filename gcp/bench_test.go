@@ -116,7 +116,10 @@ func publishAll(b *testing.B, c *pubsub.Client, topicID string, n int) time.Dura
 
 // BenchmarkPublish: publish throughput, 50k messages per target.
 func BenchmarkPublish(b *testing.B) {
-	const n = 50_000
+	n := 50_000
+	if v, _ := strconv.Atoi(os.Getenv("BENCH_PUBLISH_N")); v > 0 {
+		n = v // diagnosis: a longer run for a profile
+	}
 	for _, tg := range benchTargets {
 		b.Run(tg.name, func(b *testing.B) {
 			addr, project := tg.start(b)

@@ -15,7 +15,8 @@ package gcp_test
 // embedded server a data directory, $KUBEMQ_LINK=tcp puts loopback TCP in
 // between. $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile
 // or an execution trace of the measured phase of a proxy benchmark
-// ($BENCH_PROFILE_ALL=1: of pstest's too).
+// ($BENCH_PROFILE_ALL=1: of pstest's too); $BENCH_PUBLISH_N changes the
+// publish benchmark's 50k messages for a longer profile.
 
 import (
 	"bufio"

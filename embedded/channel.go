@@ -63,7 +63,7 @@ type channelCalls struct {
 	wg     sync.WaitGroup
 
 	abortOnce sync.Once
-	aborted   chan struct{} // closed when Stop gives up waiting: stream sends and receives fail
+	aborted   chan struct{} // made by New; closed when Stop gives up waiting: stream sends and receives fail
 }
 
 func (c *channelCalls) begin() bool {
@@ -84,16 +84,7 @@ func (c *channelCalls) close() {
 
 // abort makes every stream handler's blocked send or receive fail with
 // Unavailable, as a server's transport closing does.
-func (c *channelCalls) abort() { c.abortOnce.Do(func() { close(c.abortCh()) }) }
-
-func (c *channelCalls) abortCh() chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.aborted == nil {
-		c.aborted = make(chan struct{})
-	}
-	return c.aborted
-}
+func (c *channelCalls) abort() { c.abortOnce.Do(func() { close(c.aborted) }) }
 
 // serverContext is what a handler sees: the caller's deadline and
 // cancellation, its outgoing metadata as incoming metadata, and none of its
@@ -105,61 +96,64 @@ func serverContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return metadata.NewIncomingContext(sctx, md.Copy()), cancel
 }
 
+// begin starts a call's handler side: its context, or why it cannot run.
+// The caller of a started call must end it with s.calls.wg.Done.
+func (ch *channel) begin(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, status.FromContextError(err).Err()
+	}
+	if !ch.s.calls.begin() {
+		return nil, nil, errChannelClosed()
+	}
+	sctx, cancel := serverContext(ctx)
+	return sctx, cancel, nil
+}
+
 func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _ ...grpc.CallOption) error {
 	s := ch.s
 	desc, ok := unaryMethods[method]
 	if !ok {
 		return status.Errorf(codes.Unimplemented, "unknown method %s", method)
 	}
-	in, ok1 := args.(proto.Message)
-	out, ok2 := reply.(proto.Message)
-	if !ok1 || !ok2 {
-		return status.Errorf(codes.Internal, "embedded channel: %T or %T is not a protobuf message", args, reply)
+	in, err := asMessage(args)
+	if err != nil {
+		return err
 	}
-	if err := ctx.Err(); err != nil {
-		return status.FromContextError(err).Err()
+	out, err := asMessage(reply)
+	if err != nil {
+		return err
 	}
 	if err := checkSize(in); err != nil {
 		return err
 	}
-	if !s.calls.begin() {
-		return errChannelClosed()
+	sctx, cancel, err := ch.begin(ctx)
+	if err != nil {
+		return err
 	}
-	sctx, cancel := serverContext(ctx)
+	// As over a network, the caller's deadline or cancellation ends its
+	// wait even when the handler does not return in time: the handler runs
+	// on its own goroutine with its own copy of the request.
 	type result struct {
 		resp any
 		err  error
 	}
-	call := func(dec func(any) error) result {
+	cp := cloneMessage(in)
+	done := make(chan result, 1)
+	go func() {
 		defer s.calls.wg.Done()
 		defer cancel() // as gRPC: the handler's context ends with the call
-		resp, err := desc.Handler(s, sctx, dec, recoverUnary(s.log))
-		return result{resp, err}
-	}
-	var r result
-	if ctx.Done() == nil {
-		r = call(func(m any) error {
-			copyMessage(m.(proto.Message), in, true)
+		dec := func(m any) error {
+			copyMessage(m.(proto.Message), cp, false)
 			return nil
-		})
-	} else {
-		// As over a network, the caller's deadline or cancellation ends
-		// its wait even when the handler does not return in time: the
-		// handler runs on its own goroutine with its own copy of the
-		// request.
-		cp := cloneMessage(in)
-		done := make(chan result, 1)
-		go func() {
-			done <- call(func(m any) error {
-				copyMessage(m.(proto.Message), cp, false)
-				return nil
-			})
-		}()
-		select {
-		case r = <-done:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
 		}
+		resp, err := desc.Handler(s, sctx, dec, s.unaryInt)
+		done <- result{resp, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
 	}
 	if r.err != nil {
 		return status.Convert(r.err).Err()
@@ -167,9 +161,9 @@ func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	rm, ok := r.resp.(proto.Message)
-	if !ok {
-		return status.Errorf(codes.Internal, "embedded channel: handler returned %T", r.resp)
+	rm, err := asMessage(r.resp)
+	if err != nil {
+		return err
 	}
 	if err := checkSize(rm); err != nil {
 		return err
@@ -195,15 +189,12 @@ func (ch *channel) NewStream(ctx context.Context, desc *grpc.StreamDesc, method 
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "unknown method %s", method)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
+	sctx, cancel, err := ch.begin(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if !s.calls.begin() {
-		return nil, errChannelClosed()
-	}
-	sctx, cancel := serverContext(ctx)
 	st := &chanStream{
-		aborted: s.calls.abortCh(),
+		aborted: s.calls.aborted,
 		cctx:    ctx,
 		sctx:    sctx,
 		cancel:  cancel,
@@ -216,8 +207,7 @@ func (ch *channel) NewStream(ctx context.Context, desc *grpc.StreamDesc, method 
 	info := &grpc.StreamServerInfo{FullMethod: method, IsClientStream: sd.ClientStreams, IsServerStream: sd.ServerStreams}
 	go func() {
 		defer s.calls.wg.Done()
-		err := recoverStream(s.log)(s, (*serverSide)(st), info, sd.Handler)
-		st.finish(err)
+		st.finish(s.streamInt(s, (*serverSide)(st), info, sd.Handler))
 	}()
 	return (*clientSide)(st), nil
 }

@@ -113,6 +113,10 @@ type Server struct {
 
 	calls channelCalls // handlers running for Channel callers
 
+	// The interceptors of every call, over the network or through Channel.
+	unaryInt  grpc.UnaryServerInterceptor
+	streamInt grpc.StreamServerInterceptor
+
 	// ctx is cancelled by Stop: every stream handler and background goroutine watches it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -154,6 +158,8 @@ func New(opts Options) (*Server, error) {
 		openTx:   map[string]*dsTx{},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.calls.aborted = make(chan struct{})
+	s.unaryInt, s.streamInt = recoverUnary(s.log), recoverStream(s.log)
 	s.plain = newPlainBus()
 	s.requests = newRequestBus()
 	s.delays = newDelayer(s)
@@ -168,8 +174,8 @@ func New(opts Options) (*Server, error) {
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.MaxSendMsgSize(maxGRPCMessage),
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log)),
-		grpc.ChainStreamInterceptor(recoverStream(s.log)),
+		grpc.ChainUnaryInterceptor(s.unaryInt),
+		grpc.ChainStreamInterceptor(s.streamInt),
 		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
 		grpc.ForceServerCodecV2(wirecodec.CodecWith(wirecodec.Fast{Marshal: fastpb.Marshal, SizeHint: fastpb.SizeHint, Unmarshal: fastpb.Unmarshal})),
 		experimental.BufferPool(wirecodec.Pool()),

@@ -19,9 +19,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == helperArg {
 		os.Exit(helper(os.Args[2]))
 	}
-	code := m.Run()
-	Cleanup()
-	os.Exit(code)
+	Main(m)
 }
 
 // helper imitates the binary's stderr: JSON "listening" lines, then

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net"
 	"net/url"
-	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -52,7 +51,7 @@ func randHex(n int) string {
 func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	t.Helper()
 	e := &env{t: t, vhost: "t-" + randHex(4), regChan: "amqptest.registry." + randHex(4)}
-	if os.Getenv("KUBEMQ_LINK") == "memory" && !kubemqtest.External() {
+	if kubemqtest.InProcess(false) && !kubemqtest.External() {
 		// KUBEMQ_LINK=memory: through the in-process channel the binary uses
 		// with its embedded server (strict, as every test backend); by
 		// default loopback TCP (the Pub/Sub suite defaults to memory).

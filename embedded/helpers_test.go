@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +27,7 @@ func newEnv(t *testing.T, opts embedded.Options) *env {
 	t.Helper()
 	addr, srv := kubemqtest.StartEmbedded(t, opts)
 	c := dial(t, addr)
-	if os.Getenv(kubemqtest.EnvLink) == "memory" {
+	if kubemqtest.InProcess(false) {
 		// The whole suite through the in-process channel: it must behave
 		// as the network does.
 		c = pb.NewKubemqClient(srv.Channel())

@@ -108,7 +108,7 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		switch {
 		case kubemqtest.External():
 			kaddr = kubemqtest.Address(t)
-		case os.Getenv("KUBEMQ_LINK") == "tcp":
+		case !kubemqtest.InProcess(true):
 			kaddr, _ = kubemqtest.StartEmbedded(t, opts)
 		default:
 			srv, err := embedded.New(opts)
@@ -118,7 +118,7 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 			t.Cleanup(func() { srv.Close() })
 			kaddr, inproc = "embedded", srv.Channel()
 		}
-	} else if os.Getenv("KUBEMQ_LINK") != "tcp" && !kubemqtest.External() && !cfg.relay {
+	} else if kubemqtest.InProcess(true) && !kubemqtest.External() && !cfg.relay {
 		// By default this suite reaches the embedded server (strict, as
 		// every test backend) through the in-process channel the binary uses;
 		// KUBEMQ_LINK=tcp uses loopback TCP (the AMQP suite's default).

@@ -27,7 +27,7 @@ func dialAddr(t testing.TB, addr string) *kc.Client {
 	if _, bench := t.(*testing.B); !bench {
 		log = zaptest.NewLogger(t)
 	}
-	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr, false), Logger: log})
+	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func (r *recorder) take(op string) []observation {
 func dialObserved(t *testing.T, addr string) (*kc.Client, *recorder) {
 	t.Helper()
 	r := &recorder{ops: map[string][]observation{}}
-	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr, false), Logger: zaptest.NewLogger(t), Observe: r.observe})
+	c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr), Logger: zaptest.NewLogger(t), Observe: r.observe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func BenchmarkObserve(b *testing.B) {
 		{"noop", func(string, time.Duration, error) {}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr, false), Logger: zap.NewNop(), Observe: bc.observe})
+			c, err := kc.Dial(context.Background(), kc.Options{Address: addr, Conn: kubemqtest.Link(addr), Logger: zap.NewNop(), Observe: bc.observe})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -74,18 +74,23 @@ var started sync.Map
 // listener.
 const EnvLink = "KUBEMQ_LINK"
 
-// Link returns the in-process channel of the embedded server StartEmbedded
-// runs on addr when $KUBEMQ_LINK is "memory" (or is empty and memory is
-// the caller's default), else nil: dial addr. Use it as
-// kubemqclient.Options.Conn.
-func Link(addr string, memoryByDefault bool) grpc.ClientConnInterface {
+// InProcess reports whether a suite reaches its embedded server through the
+// in-process channel: $KUBEMQ_LINK if set, else the suite's default.
+func InProcess(byDefault bool) bool {
 	switch os.Getenv(EnvLink) {
 	case "memory":
-	case "":
-		if !memoryByDefault {
-			return nil
-		}
-	default:
+		return true
+	case "tcp":
+		return false
+	}
+	return byDefault
+}
+
+// Link returns the in-process channel of the embedded server StartEmbedded
+// runs on addr when $KUBEMQ_LINK is "memory", else nil: dial addr. Use it
+// as kubemqclient.Options.Conn.
+func Link(addr string) grpc.ClientConnInterface {
+	if !InProcess(false) {
 		return nil
 	}
 	if srv, ok := started.Load(addr); ok {

@@ -83,17 +83,8 @@ func copyMessage(dst, src proto.Message, deep bool) {
 	case *pb.QueuesInfoResponse:
 		s := src.(*pb.QueuesInfoResponse)
 		d.RefRequestID, d.Info = s.RefRequestID, s.Info
-		if deep && s.Info != nil {
-			d.Info = &pb.QueuesInfo{TotalQueue: s.Info.TotalQueue, Sent: s.Info.Sent, Delivered: s.Info.Delivered, Waiting: s.Info.Waiting}
-			if s.Info.Queues != nil {
-				d.Info.Queues = make([]*pb.QueueInfo, len(s.Info.Queues))
-				for i, q := range s.Info.Queues {
-					if q != nil {
-						d.Info.Queues[i] = &pb.QueueInfo{Name: q.Name, Messages: q.Messages, Bytes: q.Bytes, FirstSequence: q.FirstSequence,
-							LastSequence: q.LastSequence, Sent: q.Sent, Delivered: q.Delivered, Waiting: q.Waiting, Subscribers: q.Subscribers}
-					}
-				}
-			}
+		if deep {
+			d.Info = cloneQueuesInfo(s.Info)
 		}
 	case *pb.Empty:
 	case *pb.PingResult:
@@ -131,6 +122,24 @@ func copyQueueMessage(d, s *pb.QueueMessage, deep bool) {
 		d.Policy = &pb.QueueMessagePolicy{ExpirationSeconds: p.ExpirationSeconds, DelaySeconds: p.DelaySeconds,
 			MaxReceiveCount: p.MaxReceiveCount, MaxReceiveQueue: p.MaxReceiveQueue}
 	}
+}
+
+func cloneQueuesInfo(s *pb.QueuesInfo) *pb.QueuesInfo {
+	if s == nil {
+		return nil
+	}
+	d := &pb.QueuesInfo{TotalQueue: s.TotalQueue, Sent: s.Sent, Delivered: s.Delivered, Waiting: s.Waiting}
+	if s.Queues == nil {
+		return d
+	}
+	d.Queues = make([]*pb.QueueInfo, len(s.Queues))
+	for i, q := range s.Queues {
+		if q != nil {
+			d.Queues[i] = &pb.QueueInfo{Name: q.Name, Messages: q.Messages, Bytes: q.Bytes, FirstSequence: q.FirstSequence,
+				LastSequence: q.LastSequence, Sent: q.Sent, Delivered: q.Delivered, Waiting: q.Waiting, Subscribers: q.Subscribers}
+		}
+	}
+	return d
 }
 
 func copySendResult(d, s *pb.SendQueueMessageResult) {

@@ -153,7 +153,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		return nil, wrapErr("Dial", err)
 	}
 	if opts.Conn != nil {
-		return newClient(opts, nil, tokenConn{opts.Conn, opts.AuthToken}), nil
+		return newClient(opts, nil, opts.Conn), nil
 	}
 	creds := insecure.NewCredentials()
 	if opts.TLS != nil {
@@ -176,17 +176,6 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 		grpc.WithWriteBufferSize(256 << 10),
 		grpc.WithReadBufferSize(256 << 10),
 	}
-	// Every call carries a token: the one WithToken put in its context, else
-	// Options.AuthToken, else none.
-	tok := opts.AuthToken
-	dopts = append(dopts,
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
-			return invoker(withAuthorization(ctx, tok), method, req, reply, cc, o...)
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
-			return streamer(withAuthorization(ctx, tok), desc, cc, method, o...)
-		}),
-	)
 	dopts = append(dopts, opts.DialOptions...)
 	conn, err := grpc.NewClient(opts.Address, dopts...)
 	if err != nil {
@@ -202,7 +191,7 @@ func newClient(opts Options, conn *grpc.ClientConn, cc grpc.ClientConnInterface)
 		opts:     opts,
 		log:      opts.Logger.Named("kubemqclient"),
 		conn:     conn,
-		rpc:      kubemqpb.NewKubemqClient(cc),
+		rpc:      kubemqpb.NewKubemqClient(tokenConn{cc, opts.AuthToken}),
 		clientID: opts.ClientID,
 		ids:      newIDGen(),
 		kick:     make(chan struct{}, 1),
@@ -216,8 +205,8 @@ func newClient(opts Options, conn *grpc.ClientConn, cc grpc.ClientConnInterface)
 	return c
 }
 
-// tokenConn puts the token on every call through an in-process Conn, as
-// the dialled connection's interceptors do.
+// tokenConn puts a token on every call: the one WithToken put in its
+// context, else Options.AuthToken, else none.
 type tokenConn struct {
 	cc  grpc.ClientConnInterface
 	tok string

@@ -103,7 +103,6 @@ type subRuntime struct {
 	// be on its way back from a lease record.
 	recoverUntil time.Time
 	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
-	byMsgID      map[string]*lease               // keyed leases by Pub/Sub message id
 	window       time.Duration                   // recovery window after a (re)start
 	// users and lastUsed are guarded by s.rtMu (see Server.runtime).
 	users    int
@@ -131,7 +130,6 @@ func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 		keys:           map[string]*keyState{},
 		ordered:        e.proto.GetEnableMessageOrdering(),
 		awaiting:       map[string]map[string]time.Time{},
-		byMsgID:        map[string]*lease{},
 		window:         h.RecordDelay() + recoverySlack,
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
@@ -347,9 +345,6 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 	l.flow.release(l, heard)
 	l.flow = nil
 	if l.key != "" {
-		if r.byMsgID[l.d.Tags[TagMessageID]] == l {
-			delete(r.byMsgID, l.d.Tags[TagMessageID])
-		}
 		if ks := r.keys[l.key]; ks != nil && ks.head == l {
 			ks.head = nil
 			r.advanceKeyLocked(l.key, ks, time.Now())
@@ -659,7 +654,6 @@ func (r *subRuntime) reset() {
 	r.leases = map[string]*lease{}
 	r.heap = nil
 	r.keys = map[string]*keyState{}
-	r.byMsgID = map[string]*lease{}
 	r.ready = nil
 	if r.ordered {
 		// The dropped leases come back from their records, behind

@@ -117,11 +117,8 @@ func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
 // head and may be handed out now; otherwise it waits in the key's pending
 // list, in publish order.
 func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
-	if id := l.d.Tags[TagMessageID]; id != "" {
-		r.byMsgID[id] = l
-		if w := r.awaiting[l.key]; w != nil {
-			delete(w, id)
-		}
+	if w := r.awaiting[l.key]; w != nil {
+		delete(w, l.d.Tags[TagMessageID]) // an awaited message is back
 	}
 	ks := r.keys[l.key]
 	if ks == nil {
@@ -153,6 +150,17 @@ func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
 		r.notifyLocked()
 	}
 	return false
+}
+
+// holds reports whether the message o is the key's head or one of its
+// pending messages (every keyed lease is one or the other). pending is
+// sorted by publish order, so it is searched, not scanned.
+func (ks *keyState) holds(o msgOrder) bool {
+	if ks.head != nil && ks.head.d.Tags[TagMessageID] == o.id {
+		return true
+	}
+	_, found := slices.BinarySearchFunc(ks.pending, o, func(p *lease, o msgOrder) int { return p.order.compare(o) })
+	return found
 }
 
 // releaseKeysLocked moves the earliest pending message of every key that
@@ -187,7 +195,7 @@ func (r *subRuntime) unsettled(m *delivery.Message, redeliverAt time.Time) {
 	if r.closed {
 		return
 	}
-	if l := r.byMsgID[id]; l != nil && r.leases[l.d.LeaseID] == l {
+	if ks := r.keys[key]; ks != nil && ks.holds(orderOf(m.Tags)) {
 		return // a copy is already here
 	}
 	w := r.awaiting[key]

@@ -111,10 +111,8 @@ func (m *metrics) closed(code uint16, scope string) {
 }
 
 func (st *queueStats) in(bytes int) {
-	if st != nil {
-		st.msgsIn.Inc()
-		st.bytesIn.Add(float64(bytes))
-	}
+	st.msgsIn.Inc()
+	st.bytesIn.Add(float64(bytes))
 }
 
 func (st *queueStats) out(bytes int) {

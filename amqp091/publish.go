@@ -289,7 +289,6 @@ func (ch *channel) confirmSelect(m *wire.ConfirmSelect) error {
 // parallel.
 type publisher struct {
 	b        backend
-	log      *zap.Logger
 	maxBatch int
 	maxBytes int
 	lanes    []chan pubItem
@@ -319,8 +318,8 @@ const (
 	publishBatchBytes = 8 << 20
 )
 
-func newPublisher(b backend, log *zap.Logger, maxBatch int, failures func()) *publisher {
-	p := &publisher{b: b, log: log, maxBatch: maxBatch, maxBytes: publishBatchBytes, stop: make(chan struct{}), failures: failures}
+func newPublisher(b backend, maxBatch int, failures func()) *publisher {
+	p := &publisher{b: b, maxBatch: maxBatch, maxBytes: publishBatchBytes, stop: make(chan struct{}), failures: failures}
 	for range publishLanes {
 		in := make(chan pubItem, publishLaneQueue)
 		p.lanes = append(p.lanes, in)
@@ -424,7 +423,7 @@ func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items 
 		// channel ids): a batch may mix connections.
 		counts := map[*zap.Logger]int{}
 		for i := range items {
-			counts[p.logFor(&items[i])]++
+			counts[items[i].log]++
 		}
 		for l, n := range counts {
 			l.Warn("storing published messages failed", zap.Int("messages", n), zap.Error(err))
@@ -438,18 +437,11 @@ func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items 
 		} else {
 			p.failures()
 			if err == nil && i < len(results) {
-				p.logFor(it).Warn("storing a published message failed", zap.String("queue", it.msg.Channel), zap.Error(results[i].Err))
+				it.log.Warn("storing a published message failed", zap.String("queue", it.msg.Channel), zap.Error(results[i].Err))
 			}
 		}
 		it.done.resolve(ok)
 	}
-}
-
-func (p *publisher) logFor(it *pubItem) *zap.Logger {
-	if it.log != nil {
-		return it.log
-	}
-	return p.log
 }
 
 // close stores what is queued and stops the lanes.

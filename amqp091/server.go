@@ -219,7 +219,7 @@ func New(opts Options) (*Server, error) {
 	s.top = newTopology(s, opts.Registry, s.log)
 	s.unwatch = s.top.watch()
 	s.top.load()
-	s.pub = newPublisher(s.b, s.log, opts.PublishBatch, func() { s.m.storeFailures.Inc() })
+	s.pub = newPublisher(s.b, opts.PublishBatch, func() { s.m.storeFailures.Inc() })
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

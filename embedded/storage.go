@@ -172,19 +172,23 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	// A record goes to the last chunk while it has room (n is an upper
 	// bound), else to a new one: a chunk never grows (no copying of
 	// megabytes while the writer is busy).
-	if k := len(st.pending); k > 0 && st.pending[k-1].seg == seg && int64(cap(st.pending[k-1].data)-len(st.pending[k-1].data)) >= n {
-		st.pending[k-1].data = put(st.pending[k-1].data)
-	} else {
+	k := len(st.pending)
+	if k == 0 || st.pending[k-1].seg != seg || int64(cap(st.pending[k-1].data)-len(st.pending[k-1].data)) < n {
 		var buf []byte
-		if k := len(st.spare); k > 0 && int64(cap(st.spare[k-1])) >= n {
-			buf, st.spare = st.spare[k-1][:0], st.spare[:k-1]
+		if j := len(st.spare); j > 0 && int64(cap(st.spare[j-1])) >= n {
+			buf, st.spare = st.spare[j-1][:0], st.spare[:j-1]
 		} else {
 			buf = make([]byte, 0, max(chunkBytes, n))
 		}
-		st.pending = append(st.pending, chunk{seg: seg, data: put(buf)})
+		st.pending = append(st.pending, chunk{seg: seg, data: buf})
+		k++
 	}
-	st.curSize += n
-	st.lsn += uint64(n)
+	c := &st.pending[k-1]
+	before := len(c.data)
+	c.data = put(c.data)
+	written := int64(len(c.data) - before)
+	st.curSize += written
+	st.lsn += uint64(written)
 	lsn := st.lsn
 	st.mu.Unlock()
 	select {

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,11 @@ func startProxy(t *testing.T, want []string, args ...string) *proc {
 	}
 	t.Cleanup(func() {
 		p.Stop(20 * time.Second) // the exit code is not what these tests check
+		// Built with -race: a race report (or panic) in the log fails the
+		// test, which the exit code alone would not.
+		if pr := p.Problems(); len(pr) > 0 {
+			t.Errorf("%s reported:\n%s", name, strings.Join(pr, "\n"))
+		}
 		if t.Failed() {
 			t.Logf("%s log:%s", name, p.Tail(0))
 		}

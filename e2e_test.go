@@ -64,6 +64,11 @@ func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) 
 	}
 	t.Cleanup(func() {
 		p.Kill()
+		// Built with -race: a race report (or panic) in the log fails the
+		// test even when the process was killed rather than stopped.
+		if pr := p.Problems(); len(pr) > 0 {
+			t.Errorf("proxy reported:\n%s", strings.Join(pr, "\n"))
+		}
 		if t.Failed() || testing.Verbose() {
 			t.Logf("proxy log (%s):%s", p.LogPath(), p.Tail(0))
 		}

@@ -100,7 +100,10 @@ func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
 	if now.Before(r.recoverUntil) {
 		return true
 	}
-	w := r.awaiting[key]
+	w, ok := r.awaiting[key]
+	if !ok {
+		return false // the usual case: no map write per keyed message
+	}
 	for id, giveUp := range w {
 		if now.After(giveUp) {
 			delete(w, id)

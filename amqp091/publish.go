@@ -81,22 +81,21 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 			Policy: kubemqclient.QueuePolicy{Expiration: exp}}, stats: q.counters(), log: ch.log})
 	}
 	if ch.tx != nil {
-		// Not counted as pending until the commit: a transaction larger
-		// than the bound would otherwise stop the reader before the
-		// tx.commit that stores it.
+		// Pending only until buffered here: a transaction larger than the
+		// bound would otherwise stop the reader before the tx.commit that
+		// stores it (the commit waits for its stores itself).
 		ch.tx.msgs = append(ch.tx.msgs, msgs...)
+		return nil
+	}
+	if len(msgs) == 0 { // every routed queue was deleted meanwhile
+		if ch.confirm {
+			ch.confirms.complete(ch.confirms.next(), true)
+		}
 		return nil
 	}
 	var seq uint64
 	if ch.confirm {
 		seq = ch.confirms.next()
-		if len(msgs) == 0 {
-			ch.confirms.complete(seq, true)
-			return nil
-		}
-	}
-	if len(msgs) == 0 {
-		return nil
 	}
 	var done *pubDone
 	if ch.confirm || held > 0 {

@@ -190,8 +190,10 @@ func TestSnapshotNeverOverridesNewerWrite(t *testing.T) {
 // delivers the same record first (it races the writer's local apply). The
 // front-ends read their catalogues right after a write.
 func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
-	c := dial(t, kubemqtest.Address(t))
-	if !kubemqtest.External() {
+	var c *kubemqclient.Client
+	if kubemqtest.External() {
+		c = dial(t, kubemqtest.Address(t))
+	} else {
 		// In process, as the proxy reaches its embedded server: the
 		// follow stream then often hears of a write before Put returns.
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{})

@@ -211,6 +211,13 @@ func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
 	cancel := r.OnChange(func(c registry.Change) {
+		if !c.Local {
+			// A moment on the follow stream's changes widens the window
+			// in which a writer, finding its record already merged, could
+			// return before this watcher has run: without it the race is
+			// too narrow for the test to fail without the fix.
+			time.Sleep(time.Millisecond)
+		}
 		mu.Lock()
 		seen[c.Record.Key] = true
 		mu.Unlock()

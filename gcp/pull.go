@@ -30,40 +30,37 @@ const (
 func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, release func(), err error) {
 	s.rtMu.Lock()
 	defer s.rtMu.Unlock()
-	if s.rtClosed {
-		return nil, nil, errRuntimeClosed
+	if r, err = s.runtimeLocked(ctx, e); err != nil {
+		return nil, nil, err
 	}
-	defer func() {
-		if r != nil {
-			r.users++
-			release = func() {
-				s.rtMu.Lock()
-				r.users--
-				r.lastUsed = time.Now()
-				s.rtMu.Unlock()
-			}
-		}
-	}()
+	r.users++
+	return r, func() {
+		s.rtMu.Lock()
+		r.users--
+		r.lastUsed = time.Now()
+		s.rtMu.Unlock()
+	}, nil
+}
+
+func (s *Server) runtimeLocked(ctx context.Context, e *subEntry) (*subRuntime, error) {
+	if s.rtClosed {
+		return nil, errRuntimeClosed
+	}
 	if r := s.runtimes[e.id]; r != nil {
 		if r.uid == e.uid {
-			return r, nil, nil
+			return r, nil
 		}
 		// A stale incarnation (deleted or re-created) whose drop has not
 		// run yet: end it here, since its drop will no longer find it.
-		stale := r
 		delete(s.runtimes, e.id)
-		s.bg.Add(1)
-		go func() {
-			defer s.bg.Done()
-			stale.close(true)
-		}()
+		s.endRuntimeLocked(r, true)
 	}
 	h, err := s.deliveries.Acquire(ctx, e.queue)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	h.SetDeadline(0) // this package runs the ack deadlines (lease.go)
-	r = newSubRuntime(s, e, h)
+	r := newSubRuntime(s, e, h)
 	if r.ordered {
 		h.OnUnsettled(r.unsettled)
 		if _, done := s.noRecovery.Load(e.uid); !done {
@@ -76,7 +73,19 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, relea
 		}
 	}
 	s.runtimes[e.id] = r
-	return r, nil, nil
+	return r, nil
+}
+
+// endRuntimeLocked closes r, just taken out of s.runtimes, in the
+// background: closing waits for its poller's backend Get (up to a second),
+// which the caller need not. Called under rtMu, so that Shutdown's bg.Wait
+// (after closeRuntimes) covers it.
+func (s *Server) endRuntimeLocked(r *subRuntime, drop bool) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		r.close(drop)
+	}()
 }
 
 // retireIdle ends r if no stream or Pull has used it for RuntimeIdle and
@@ -84,8 +93,8 @@ func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, relea
 // the next pull starts a fresh runtime. Called by r's sweep.
 func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 	s.rtMu.Lock()
+	defer s.rtMu.Unlock()
 	if s.runtimes[r.id] != r || r.users > 0 || now.Sub(r.lastUsed) < s.cfg.RuntimeIdle {
-		s.rtMu.Unlock()
 		return
 	}
 	r.mu.Lock()
@@ -95,19 +104,13 @@ func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 	recovered := len(r.awaiting) == 0 && now.After(r.recoverUntil)
 	r.mu.Unlock()
 	if !idle {
-		s.rtMu.Unlock()
 		return
 	}
 	if recovered {
 		s.noRecovery.Store(r.uid, struct{}{})
 	}
 	delete(s.runtimes, r.id)
-	s.bg.Add(1)
-	s.rtMu.Unlock()
-	go func() {
-		defer s.bg.Done()
-		r.close(false)
-	}()
+	s.endRuntimeLocked(r, false)
 }
 
 // lookupRuntime finds a running runtime for acks; nil when the
@@ -126,24 +129,10 @@ func (s *Server) lookupRuntime(e *subEntry) *subRuntime {
 // A runtime of a newer incarnation of the same id is left alone.
 func (s *Server) dropRuntime(id, uid string) {
 	s.rtMu.Lock()
-	r := s.runtimes[id]
-	if r != nil && r.uid != uid {
-		r = nil
-	}
-	if r != nil {
+	defer s.rtMu.Unlock()
+	if r := s.runtimes[id]; r != nil && r.uid == uid {
 		delete(s.runtimes, id)
-	}
-	if r != nil {
-		// In the background: ending the runtime waits for its poller's
-		// backend Get (up to a second), which a DeleteSubscription need not.
-		s.bg.Add(1)
-	}
-	s.rtMu.Unlock()
-	if r != nil {
-		go func() {
-			defer s.bg.Done()
-			r.close(true)
-		}()
+		s.endRuntimeLocked(r, true)
 	}
 }
 

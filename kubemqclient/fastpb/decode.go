@@ -86,11 +86,15 @@ func (f field) varint() (uint64, bool) { return f.n, f.typ == protowire.VarintTy
 
 // keys interns tag keys within one decode: the messages of a batch share
 // theirs (the proxy's reserved tags), and each would otherwise hold its own
-// copies for as long as it is leased.
-type keys []string
+// copies for as long as it is leased. A fixed array: it lives on the
+// decoder's stack, where a slice would be allocated as it grew.
+type keys struct {
+	n  int
+	ks [16]string
+}
 
 func (ks *keys) get(b []byte) (string, bool) {
-	for _, k := range *ks {
+	for _, k := range ks.ks[:ks.n] {
 		if k == string(b) { // no allocation for the comparison
 			return k, true
 		}
@@ -99,8 +103,9 @@ func (ks *keys) get(b []byte) (string, bool) {
 		return "", false
 	}
 	k := string(b)
-	if len(*ks) < 16 {
-		*ks = append(*ks, k)
+	if ks.n < len(ks.ks) {
+		ks.ks[ks.n] = k
+		ks.n++
 	}
 	return k, true
 }
@@ -138,6 +143,7 @@ func mapEntry(b []byte, tags *map[string]string, ks *keys) bool {
 }
 
 func decodeEvent(b []byte, m *kubemqpb.Event) bool {
+	var ks keys
 	for len(b) > 0 {
 		f, rest, ok := next(b)
 		if !ok {
@@ -160,7 +166,6 @@ func decodeEvent(b []byte, m *kubemqpb.Event) bool {
 			v, ok = f.varint()
 			m.Store = v != 0
 		case 7:
-			var ks keys
 			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags, &ks)
 		default:
 			return false

@@ -74,11 +74,7 @@ func (s *Server) State() any {
 	}
 	s.top.mu.Unlock()
 	for _, v := range vhosts {
-		name := v.key
-		if name == "default" {
-			name = "/" // as clients name it
-		}
-		vs := VhostState{Name: name, Exchanges: len(v.routes.Exchanges()), Queues: []QueueState{}}
+		vs := VhostState{Name: v.displayName(), Exchanges: len(v.routes.Exchanges()), Queues: []QueueState{}}
 		v.mu.Lock()
 		for _, q := range v.queues {
 			if q.deleted {

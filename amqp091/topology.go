@@ -85,6 +85,14 @@ func vhostKey(name string) string {
 	return name
 }
 
+// displayName is v's name as clients give it: vhostKey's "default" is "/".
+func (v *vhost) displayName() string {
+	if v.key == "default" {
+		return "/"
+	}
+	return v.key
+}
+
 // topology holds every virtual host this process knows.
 type topology struct {
 	srv *Server
@@ -261,11 +269,7 @@ func (q *queue) counters() *queueStats {
 	if st := q.stats.Load(); st != nil {
 		return st
 	}
-	vh := q.vh.key
-	if vh == "default" {
-		vh = "/" // as clients name it
-	}
-	st := q.vh.top.srv.m.queue(vh, q.name)
+	st := q.vh.top.srv.m.queue(q.vh.displayName(), q.name)
 	q.stats.Store(st)
 	return st
 }

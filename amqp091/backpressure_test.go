@@ -54,19 +54,6 @@ func gatedEnv(t *testing.T, limit int64, opts ...func(*Options)) (*env, *gatedBa
 	return e, g, reg
 }
 
-// waitFor polls cond until it holds (the condition has no channel to
-// await); it fails the test after 15 s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // A publisher that outruns KubeMQ is blocked (connection.blocked, as the
 // client announced the capability), stays connected through heartbeats
 // while blocked longer than the heartbeat timeout, is unblocked when the
@@ -231,7 +218,7 @@ func TestPendingPublishBytesWithoutCapability(t *testing.T) {
 		_, err := p.nc.Write(frames) // may wait for the server to read again
 		wrote <- err
 	}()
-	waitFor(t, "the connection to block", func() bool { return metricValue(t, reg, "blocked_connections") == 1 })
+	eventually(t, "the connection to block", func() bool { return metricValue(t, reg, "blocked_connections") == 1 })
 	gate.open()
 	if err := mustRecv(t, wrote, "write"); err != nil {
 		t.Fatal(err)

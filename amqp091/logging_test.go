@@ -132,7 +132,7 @@ func TestLogEntriesCarryConnectionID(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "connection closed", func() bool { return logs.FilterMessage("connection closed").Len() == 1 })
+	eventually(t, "connection closed", func() bool { return logs.FilterMessage("connection closed").Len() == 1 })
 
 	seen := checkConnLogs(t, logs)
 	// The scenario reached the connection's and the channels' logging.

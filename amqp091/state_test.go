@@ -3,7 +3,6 @@ package amqp091
 import (
 	"encoding/json"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -56,15 +55,12 @@ func TestState(t *testing.T) {
 	}
 	c.Close()
 	// The server forgets the connection once its reader has wound down.
-	deadline := time.Now().Add(5 * time.Second)
-	for listed := true; listed; {
-		listed = false
+	eventually(t, "closed connection unlisted", func() bool {
 		for _, cs := range e.srv.State().(State).Connections {
-			listed = listed || cs.Client == "state-test"
+			if cs.Client == "state-test" {
+				return false
+			}
 		}
-		if listed && time.Now().After(deadline) {
-			t.Fatal("closed connection still listed after 5 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true
+	})
 }

@@ -62,7 +62,7 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 	}
 	select {
 	case <-b.done:
-		t.endPublished(OpPublishEvents, b.results, nil)
+		endBatch(t, OpPublishEvents, b.results, nil)
 		return b.results, nil
 	case <-ctx.Done():
 		err := wrapErr(op, ctx.Err())

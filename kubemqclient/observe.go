@@ -80,25 +80,14 @@ func (t opTimer) end(op string, err error) {
 	}
 }
 
-// endPublished and endSent are end for batch calls: a call that
-// succeeded as a whole but had an item refused is reported with the first
-// refusal. (Not FirstError: it boxes every result.)
-func (t opTimer) endPublished(op string, rs []PublishResult, err error) {
+// endBatch is end for a batch call: one that succeeded as a whole but had
+// an item refused is reported with the first refusal.
+func endBatch[R PublishResult | SendResult](t opTimer, op string, rs []R, err error) {
 	if t.fn == nil {
 		return
 	}
-	for i := 0; err == nil && i < len(rs); i++ {
-		err = rs[i].Err
-	}
-	t.fn(op, time.Since(t.start), err)
-}
-
-func (t opTimer) endSent(op string, rs []SendResult, err error) {
-	if t.fn == nil {
-		return
-	}
-	for i := 0; err == nil && i < len(rs); i++ {
-		err = rs[i].Err
+	if err == nil {
+		err = FirstError(rs)
 	}
 	t.fn(op, time.Since(t.start), err)
 }

@@ -58,7 +58,7 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 		return nil, err
 	}
 	rs, err := c.sendResults(op, len(msgs), r.GetResults())
-	t.endSent(OpSendQueueBatch, rs, err)
+	endBatch(t, OpSendQueueBatch, rs, err)
 	return rs, err
 }
 

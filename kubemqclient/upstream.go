@@ -176,7 +176,7 @@ func (u *Upstream) Send(ctx context.Context, msgs []QueueMessage) ([]SendResult,
 			return nil, err
 		}
 		rs, err := u.c.sendResults(op, len(msgs), r.resp.GetResults())
-		t.endSent(OpUpstreamSend, rs, err)
+		endBatch(t, OpUpstreamSend, rs, err)
 		return rs, err
 	case <-ctx.Done():
 		g.mu.Lock()

@@ -128,6 +128,7 @@ func (s *Server) lookupRuntime(e *subEntry) *subRuntime {
 // (deleted, detached or re-created): its leases are settled as consumed.
 // A runtime of a newer incarnation of the same id is left alone.
 func (s *Server) dropRuntime(id, uid string) {
+	s.noRecovery.Delete(uid) // the incarnation is over: its mark would only pile up
 	s.rtMu.Lock()
 	defer s.rtMu.Unlock()
 	if r := s.runtimes[id]; r != nil && r.uid == uid {

@@ -49,11 +49,7 @@ func SizeHint(v any) int {
 	case *kubemqpb.QueueMessage:
 		return sizeQueueMessage(m)
 	case *kubemqpb.QueueMessagesBatchRequest:
-		n := sizeStr(1, m.BatchID)
-		for _, q := range m.Messages {
-			n += sizeMsg(2, sizeQueueMessage(q))
-		}
-		return n
+		return sizeStr(1, m.BatchID) + sizeQueueMessages(2, m.Messages)
 	case *kubemqpb.QueuesDownstreamResponse:
 		return sizeDownstreamResponse(m)
 	}
@@ -284,42 +280,62 @@ func appendQueueMessage(b []byte, m *kubemqpb.QueueMessage) []byte {
 	return appendStr(b, 11, m.PartitionKey)
 }
 
-// AppendQueueMessagesBatchRequest appends the encoding of m.
-func AppendQueueMessagesBatchRequest(b []byte, m *kubemqpb.QueueMessagesBatchRequest) ([]byte, bool) {
-	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.BatchID) {
-		return b, false
+// The repeated QueueMessage field of a batch and of a Get answer.
+
+func sizeQueueMessages(num protowire.Number, ms []*kubemqpb.QueueMessage) int {
+	n := 0
+	for _, q := range ms {
+		n += sizeMsg(num, sizeQueueMessage(q))
 	}
-	for _, q := range m.Messages {
+	return n
+}
+
+func queueMessagesOK(ms []*kubemqpb.QueueMessage) bool {
+	for _, q := range ms {
 		if !queueMessageOK(q) {
-			return b, false
+			return false
 		}
 	}
-	b = appendStr(b, 1, m.BatchID)
-	for _, q := range m.Messages {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
+	return true
+}
+
+func appendQueueMessages(b []byte, num protowire.Number, ms []*kubemqpb.QueueMessage) []byte {
+	for _, q := range ms {
+		b = protowire.AppendTag(b, num, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sizeQueueMessage(q)))
 		b = appendQueueMessage(b, q)
 	}
-	return b, true
+	return b
+}
+
+// AppendQueueMessagesBatchRequest appends the encoding of m.
+func AppendQueueMessagesBatchRequest(b []byte, m *kubemqpb.QueueMessagesBatchRequest) ([]byte, bool) {
+	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.BatchID) || !queueMessagesOK(m.Messages) {
+		return b, false
+	}
+	b = appendStr(b, 1, m.BatchID)
+	return appendQueueMessages(b, 2, m.Messages), true
+}
+
+// packedLen is the length of vs as a packed repeated varint field's content.
+func packedLen(vs []int64) int {
+	n := 0
+	for _, v := range vs {
+		n += protowire.SizeVarint(uint64(v))
+	}
+	return n
 }
 
 func sizePacked(num protowire.Number, vs []int64) int {
 	if len(vs) == 0 {
 		return 0
 	}
-	n := 0
-	for _, v := range vs {
-		n += protowire.SizeVarint(uint64(v))
-	}
-	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+	return protowire.SizeTag(num) + protowire.SizeBytes(packedLen(vs))
 }
 
 func sizeDownstreamResponse(m *kubemqpb.QueuesDownstreamResponse) int {
 	n := sizeStr(1, m.TransactionId) + sizeStr(2, m.RefRequestId) + sizeVarint(3, uint64(int64(m.RequestTypeData))) +
-		sizePacked(5, m.ActiveOffsets) + sizeStr(7, m.Error) + sizeTags(9, m.Metadata)
-	for _, q := range m.Messages {
-		n += sizeMsg(4, sizeQueueMessage(q))
-	}
+		sizeQueueMessages(4, m.Messages) + sizePacked(5, m.ActiveOffsets) + sizeStr(7, m.Error) + sizeTags(9, m.Metadata)
 	if m.IsError {
 		n += 2
 	}
@@ -331,29 +347,17 @@ func sizeDownstreamResponse(m *kubemqpb.QueuesDownstreamResponse) int {
 
 // AppendQueuesDownstreamResponse appends the encoding of m.
 func AppendQueuesDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) ([]byte, bool) {
-	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.TransactionId, m.RefRequestId, m.Error) || !validTags(m.Metadata) {
+	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.TransactionId, m.RefRequestId, m.Error) ||
+		!validTags(m.Metadata) || !queueMessagesOK(m.Messages) {
 		return b, false
-	}
-	for _, q := range m.Messages {
-		if !queueMessageOK(q) {
-			return b, false
-		}
 	}
 	b = appendStr(b, 1, m.TransactionId)
 	b = appendStr(b, 2, m.RefRequestId)
 	b = appendVarint(b, 3, uint64(int64(m.RequestTypeData)))
-	for _, q := range m.Messages {
-		b = protowire.AppendTag(b, 4, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeQueueMessage(q)))
-		b = appendQueueMessage(b, q)
-	}
+	b = appendQueueMessages(b, 4, m.Messages)
 	if len(m.ActiveOffsets) > 0 {
-		n := 0
-		for _, v := range m.ActiveOffsets {
-			n += protowire.SizeVarint(uint64(v))
-		}
 		b = protowire.AppendTag(b, 5, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(n))
+		b = protowire.AppendVarint(b, uint64(packedLen(m.ActiveOffsets)))
 		for _, v := range m.ActiveOffsets {
 			b = protowire.AppendVarint(b, uint64(v))
 		}

@@ -333,7 +333,7 @@ func (h *Handle) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
 // once (redeliverAt is then the time it was found). Either way the message will come back
 // through Fetch as a fresh delivery, unless a BeforeRedeliver hook drops it. It runs on the
 // poll loop outside every lock, before the deliveries of the same Get are handed out, and must
-// not block.
+// not block or modify m.
 type UnsettledFunc func(m *Message, redeliverAt time.Time)
 
 // OnUnsettled installs f on the queue's Consumer (nil removes it; the last call wins). A

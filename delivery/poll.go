@@ -381,16 +381,6 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 		}
 	}
 	c.mu.Unlock()
-	if hook != nil {
-		for _, e := range bounced {
-			m := e.message()
-			(*hook)(&m, time.UnixMilli(e.expiresAt).Add(delay))
-		}
-		for i := range recover {
-			m := recover[i].message()
-			(*hook)(&m, now)
-		}
-	}
 
 	for _, l := range b.fresh {
 		addEntry(owner, l, l.gen, fresh)
@@ -408,6 +398,15 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 			l.state, l.fresh = stateRequeue, false
 			b.recovered = append(b.recovered, l)
 			addEntry(owner, l, l.gen, fresh)
+		}
+	}
+	if hook != nil {
+		for _, e := range bounced {
+			m := e.message()
+			(*hook)(&m, time.UnixMilli(e.expiresAt).Add(delay))
+		}
+		for _, l := range b.recovered {
+			(*hook)(&l.msg, now) // the message the recovered lease carries, decoded once
 		}
 	}
 	for _, raw := range bounce {

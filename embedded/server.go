@@ -177,7 +177,7 @@ func New(opts Options) (*Server, error) {
 		grpc.ChainUnaryInterceptor(s.unaryInt),
 		grpc.ChainStreamInterceptor(s.streamInt),
 		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
-		grpc.ForceServerCodecV2(wirecodec.CodecWith(wirecodec.Fast{Marshal: fastpb.Marshal, SizeHint: fastpb.SizeHint, Unmarshal: fastpb.Unmarshal})),
+		grpc.ForceServerCodecV2(fastpb.Codec()),
 		experimental.BufferPool(wirecodec.Pool()),
 		// Pipelining clients (a stream of events, batches in flight) would otherwise wait for
 		// window updates every 64 KiB; fixed windows also skip BDP probing pings.

@@ -165,7 +165,7 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 			grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(opts.MaxMessageBytes),
 			// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
-			grpc.ForceCodecV2(wirecodec.CodecWith(wirecodec.Fast{Marshal: fastpb.Marshal, SizeHint: fastpb.SizeHint, Unmarshal: fastpb.Unmarshal})),
+			grpc.ForceCodecV2(fastpb.Codec()),
 		),
 		experimental.WithBufferPool(wirecodec.Pool()),
 		// Detect a dead server on idle long-lived streams.

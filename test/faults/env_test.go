@@ -54,7 +54,7 @@ func runDir(t testing.TB) string { return proctest.RunDir(t, "FAULTS_LOGS") }
 // process name, its log in dir, until the listeners in want report.
 func startProc(t testing.TB, name, dir string, want []string, args ...string) (*proctest.Proc, error) {
 	t.Helper()
-	return proctest.Start(proctest.Binary(t, raceEnabled), name, dir, want, args...)
+	return proctest.Start(proctest.Binary(t, proctest.Race), name, dir, want, args...)
 }
 
 func newEnv(t testing.TB) *env {

@@ -167,7 +167,7 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault injection builds the binary and runs for minutes")
 	}
-	proctest.Binary(t, raceEnabled)
+	proctest.Binary(t, proctest.Race)
 	start := time.Now()
 	t.Cleanup(func() { printReport(t, time.Since(start)) })
 	// Each run has processes of its own, so runs may overlap (up to
@@ -492,7 +492,7 @@ func printReport(t *testing.T, took time.Duration) {
 	reportMu.Lock()
 	defer reportMu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nfault injection report (rate %d msg/s per protocol, race=%v, total %v)\n", rate(), raceEnabled, took.Round(time.Second))
+	fmt.Fprintf(&b, "\nfault injection report (rate %d msg/s per protocol, race=%v, total %v)\n", rate(), proctest.Race, took.Round(time.Second))
 	fmt.Fprintf(&b, "%-18s %-7s %7s %7s %7s %9s %5s %5s %6s %15s  %s\n", "fault", "proto", "sent", "acked", "failed", "delivered", "lost", "dup", "unres", "recovered a/d", "client saw during the fault")
 	order := map[string]int{}
 	for i, f := range faults {

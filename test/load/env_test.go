@@ -104,7 +104,7 @@ func startProxy(t testing.TB, extra ...string) *proxyEnv {
 		args = append(args, "--embedded.listen", "127.0.0.1:0")
 	}
 	args = append(args, extra...)
-	p, err := proctest.Start(proctest.Binary(t, raceEnabled), "proxy", dir, []string{"gcp", "amqp", "http"}, args...)
+	p, err := proctest.Start(proctest.Binary(t, proctest.Race), "proxy", dir, []string{"gcp", "amqp", "http"}, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func (e *proxyEnv) stop() {
 func report(t testing.TB, format string, args ...any) {
 	t.Helper()
 	line := "LOAD " + fmt.Sprintf(format, args...)
-	if raceEnabled {
+	if proctest.Race {
 		line += " race=1"
 	}
 	t.Log(line)

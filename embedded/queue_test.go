@@ -267,8 +267,17 @@ func TestDownstreamStreamEndReturnsMessages(t *testing.T) {
 	d.cancel()
 	d2 := e.downstream()
 	// The server gives the message back when it sees the cancel; wait for it with a long Get.
-	d2.send(&pb.QueuesDownstreamRequest{RequestTypeData: pb.QueuesDownstreamRequestType_Get, Channel: "q", MaxItems: 1, WaitTimeout: 30000})
-	r2 := d2.recv()
+	// Until it has seen the cancel, the first stream's transaction is still open, which strict
+	// mode refuses for a second one (a loaded machine can get there first): ask again.
+	var r2 *pb.QueuesDownstreamResponse
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		d2.send(&pb.QueuesDownstreamRequest{RequestTypeData: pb.QueuesDownstreamRequestType_Get, Channel: "q", MaxItems: 1, WaitTimeout: 30000})
+		r2 = d2.recv()
+		if !r2.IsError || !strings.Contains(r2.Error, "already has an open downstream transaction") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if r2.IsError || len(r2.Messages) != 1 {
 		t.Fatalf("after stream end: %+v", r2)
 	}

@@ -13,36 +13,49 @@ import (
 // reflective Clone costs about three times as much (a fifth of a microsecond
 // per tag map entry). copyInto's test fills every field of every message
 // type by reflection, so a field added to the proto and not here fails it.
-// deep copies bytes, maps, slices and nested messages; shallow shares them
-// (for a message that was already copied for this crossing).
 
-// cloneMessage returns a deep copy of m.
-func cloneMessage(m proto.Message) proto.Message {
-	var d proto.Message
+// depth says how much of a message a copy shares with its source.
+type depth uint8
+
+const (
+	// shallow shares bytes, maps, lists and nested messages: for a message
+	// that was already copied for this crossing.
+	shallow depth = iota
+	// deep copies everything.
+	deep
+	// deepButPayload copies everything except the payload of the messages
+	// a client stores, Event and QueueMessage: their Body and Tags are
+	// handed over (a SharePayloads channel's requests).
+	deepButPayload
+)
+
+// cloneMessage returns a copy of m to depth d (deep or deepButPayload).
+func cloneMessage(m proto.Message, d depth) proto.Message {
+	var c proto.Message
 	switch m.(type) { // the streamed ones: ProtoReflect().Type().New() costs more than the copy
 	case *pb.Event:
-		d = new(pb.Event)
+		c = new(pb.Event)
 	case *pb.Result:
-		d = new(pb.Result)
+		c = new(pb.Result)
 	case *pb.EventReceive:
-		d = new(pb.EventReceive)
+		c = new(pb.EventReceive)
 	case *pb.QueuesUpstreamRequest:
-		d = new(pb.QueuesUpstreamRequest)
+		c = new(pb.QueuesUpstreamRequest)
 	case *pb.QueuesUpstreamResponse:
-		d = new(pb.QueuesUpstreamResponse)
+		c = new(pb.QueuesUpstreamResponse)
 	case *pb.QueuesDownstreamRequest:
-		d = new(pb.QueuesDownstreamRequest)
+		c = new(pb.QueuesDownstreamRequest)
 	case *pb.QueuesDownstreamResponse:
-		d = new(pb.QueuesDownstreamResponse)
+		c = new(pb.QueuesDownstreamResponse)
 	default:
-		d = m.ProtoReflect().Type().New().Interface()
+		c = m.ProtoReflect().Type().New().Interface()
 	}
-	copyMessage(d, m, true)
-	return d
+	copyMessage(c, m, d)
+	return c
 }
 
 // copyMessage sets dst (a message of src's type) to src's content.
-func copyMessage(dst, src proto.Message, deep bool) {
+func copyMessage(dst, src proto.Message, deep depth) {
 	switch d := dst.(type) {
 	case *pb.Event:
 		copyEvent(d, src.(*pb.Event), deep)
@@ -83,7 +96,7 @@ func copyMessage(dst, src proto.Message, deep bool) {
 	case *pb.QueuesInfoResponse:
 		s := src.(*pb.QueuesInfoResponse)
 		d.RefRequestID, d.Info = s.RefRequestID, s.Info
-		if deep {
+		if deep != shallow {
 			d.Info = cloneQueuesInfo(s.Info)
 		}
 	case *pb.Empty:
@@ -96,22 +109,22 @@ func copyMessage(dst, src proto.Message, deep bool) {
 	}
 }
 
-func copyEvent(d, s *pb.Event, deep bool) {
+func copyEvent(d, s *pb.Event, deep depth) {
 	d.EventID, d.ClientID, d.Channel, d.Metadata, d.Store = s.EventID, s.ClientID, s.Channel, s.Metadata, s.Store
-	d.Body, d.Tags = sliceOf(s.Body, deep), mapOf(s.Tags, deep)
+	d.Body, d.Tags = sliceOf(s.Body, deep.payload()), mapOf(s.Tags, deep.payload())
 }
 
-func copyEventReceive(d, s *pb.EventReceive, deep bool) {
+func copyEventReceive(d, s *pb.EventReceive, deep depth) {
 	d.EventID, d.Channel, d.Metadata, d.Timestamp, d.Sequence = s.EventID, s.Channel, s.Metadata, s.Timestamp, s.Sequence
 	d.Body, d.Tags = sliceOf(s.Body, deep), mapOf(s.Tags, deep)
 }
 
-func copyQueueMessage(d, s *pb.QueueMessage, deep bool) {
+func copyQueueMessage(d, s *pb.QueueMessage, deep depth) {
 	d.MessageID, d.ClientID, d.Channel, d.Metadata = s.MessageID, s.ClientID, s.Channel, s.Metadata
-	d.Body, d.Tags = sliceOf(s.Body, deep), mapOf(s.Tags, deep)
+	d.Body, d.Tags = sliceOf(s.Body, deep.payload()), mapOf(s.Tags, deep.payload())
 	d.Topic, d.Partition, d.PartitionKey = s.Topic, s.Partition, s.PartitionKey
 	d.Attributes, d.Policy = s.Attributes, s.Policy
-	if !deep {
+	if deep == shallow {
 		return
 	}
 	if a := s.Attributes; a != nil {
@@ -147,23 +160,23 @@ func copySendResult(d, s *pb.SendQueueMessageResult) {
 	d.Error, d.RefChannel, d.RefTopic, d.RefPartition, d.RefHash = s.Error, s.RefChannel, s.RefTopic, s.RefPartition, s.RefHash
 }
 
-func queueMessages(ms []*pb.QueueMessage, deep bool) []*pb.QueueMessage {
-	if !deep || ms == nil {
+func queueMessages(ms []*pb.QueueMessage, deep depth) []*pb.QueueMessage {
+	if deep == shallow || ms == nil {
 		return ms
 	}
 	out := make([]*pb.QueueMessage, len(ms))
 	backing := make([]pb.QueueMessage, len(ms)) // one allocation for the batch
 	for i, m := range ms {
 		if m != nil {
-			copyQueueMessage(&backing[i], m, true)
+			copyQueueMessage(&backing[i], m, deep)
 			out[i] = &backing[i]
 		}
 	}
 	return out
 }
 
-func sendResults(rs []*pb.SendQueueMessageResult, deep bool) []*pb.SendQueueMessageResult {
-	if !deep || rs == nil {
+func sendResults(rs []*pb.SendQueueMessageResult, deep depth) []*pb.SendQueueMessageResult {
+	if deep == shallow || rs == nil {
 		return rs
 	}
 	out := make([]*pb.SendQueueMessageResult, len(rs))
@@ -177,15 +190,23 @@ func sendResults(rs []*pb.SendQueueMessageResult, deep bool) []*pb.SendQueueMess
 	return out
 }
 
-func sliceOf[T any](b []T, deep bool) []T {
-	if !deep || b == nil {
+// payload is the depth for a stored message's Body and Tags.
+func (d depth) payload() depth {
+	if d == deepButPayload {
+		return shallow
+	}
+	return d
+}
+
+func sliceOf[T any](b []T, deep depth) []T {
+	if deep == shallow || b == nil {
 		return b
 	}
 	return slices.Clone(b)
 }
 
-func mapOf(m map[string]string, deep bool) map[string]string {
-	if !deep || m == nil {
+func mapOf(m map[string]string, deep depth) map[string]string {
+	if deep == shallow || m == nil {
 		return m
 	}
 	return maps.Clone(m)

@@ -71,9 +71,42 @@ func scalar(fd protoreflect.FieldDescriptor, n int) protoreflect.Value {
 	panic(fmt.Sprintf("fill: kind %v", fd.Kind()))
 }
 
-// scramble changes every byte slice and map of m in place.
-func scramble(m protoreflect.Message) {
+// Which fields scramble changes.
+type part int
+
+const (
+	everything part = iota
+	allButPayload
+	payloadOnly
+)
+
+// isPayload: the fields a SharePayloads channel hands over.
+func isPayload(fd protoreflect.FieldDescriptor) bool {
+	switch fd.ContainingMessage().FullName() {
+	case "kubemq.Event", "kubemq.QueueMessage":
+		return fd.Name() == "Body" || fd.Name() == "Tags"
+	}
+	return false
+}
+
+// scramble changes the byte slices and maps of m in place (those of part p)
+// and says whether there was any.
+func scramble(m protoreflect.Message, p part) bool {
+	changed := false
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() == protoreflect.MessageKind && !fd.IsMap() {
+			if fd.IsList() {
+				for i := range v.List().Len() {
+					changed = scramble(v.List().Get(i).Message(), p) || changed
+				}
+			} else {
+				changed = scramble(v.Message(), p) || changed
+			}
+			return true
+		}
+		if (p == allButPayload && isPayload(fd)) || (p == payloadOnly && !isPayload(fd)) {
+			return true
+		}
 		switch {
 		case fd.IsMap():
 			v.Map().Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
@@ -81,31 +114,31 @@ func scramble(m protoreflect.Message) {
 				return true
 			})
 			v.Map().Set(scalar(fd.MapKey(), 998).MapKey(), scalar(fd.MapValue(), 998))
+			changed = true
 		case fd.IsList():
-			for i := range v.List().Len() {
-				if fd.Kind() == protoreflect.MessageKind {
-					scramble(v.List().Get(i).Message())
-				} else if fd.Kind() == protoreflect.BytesKind {
+			if fd.Kind() == protoreflect.BytesKind {
+				for i := range v.List().Len() {
 					copy(v.List().Get(i).Bytes(), "zz")
 				}
 			}
-			if fd.Kind() != protoreflect.MessageKind {
-				v.List().Set(0, scalar(fd, 997))
-			}
-		case fd.Kind() == protoreflect.MessageKind:
-			scramble(v.Message())
+			v.List().Set(0, scalar(fd, 997))
+			changed = true
 		case fd.Kind() == protoreflect.BytesKind:
 			copy(v.Bytes(), "zz")
+			changed = true
 		}
 		return true
 	})
+	return changed
 }
 
-// TestCopyMessageEveryType: for every message of the service, a deep copy
-// and a shallow copy equal a message with every field set, and changing a
-// deep copy's bytes, maps, lists and nested messages leaves the original as
-// it was. A field added to the proto and missed by a hand-written copy
-// fails here.
+// TestCopyMessageEveryType: for every message of the service, a deep copy,
+// a copy that shares only the payload and a shallow copy equal a message
+// with every field set. Changing a deep copy's bytes, maps, lists and nested
+// messages leaves the original as it was; so does changing anything but the
+// payload (Body and Tags of Event and QueueMessage, also nested) of the
+// payload-sharing copy, whose payload is the original's. A field added to
+// the proto and missed by a hand-written copy fails here.
 func TestCopyMessageEveryType(t *testing.T) {
 	msgs := pb.File_kubemq_proto.Messages()
 	var all []protoreflect.MessageDescriptor
@@ -134,19 +167,37 @@ func TestCopyMessageEveryType(t *testing.T) {
 			fill(orig.ProtoReflect(), 1)
 			want := proto.Clone(orig)
 
-			deep := cloneMessage(orig)
-			if !proto.Equal(deep, want) {
-				t.Fatalf("deep copy differs:\n got %v\nwant %v", deep, want)
+			dc := cloneMessage(orig, deep)
+			if !proto.Equal(dc, want) {
+				t.Fatalf("deep copy differs:\n got %v\nwant %v", dc, want)
 			}
-			shallow := mt.New().Interface()
-			fill(shallow.ProtoReflect(), 7) // copying overwrites what was there
-			copyMessage(shallow, orig, false)
-			if !proto.Equal(shallow, want) {
-				t.Fatalf("shallow copy differs:\n got %v\nwant %v", shallow, want)
+			pc := cloneMessage(orig, deepButPayload)
+			if !proto.Equal(pc, want) {
+				t.Fatalf("payload-sharing copy differs:\n got %v\nwant %v", pc, want)
 			}
-			scramble(deep.ProtoReflect())
+			sc := mt.New().Interface()
+			fill(sc.ProtoReflect(), 7) // copying overwrites what was there
+			copyMessage(sc, orig, shallow)
+			if !proto.Equal(sc, want) {
+				t.Fatalf("shallow copy differs:\n got %v\nwant %v", sc, want)
+			}
+			if !scramble(dc.ProtoReflect(), everything) {
+				return // nothing that could be shared
+			}
 			if !proto.Equal(orig, want) {
 				t.Fatalf("changing the deep copy changed the original:\n got %v\nwant %v", orig, want)
+			}
+			scramble(pc.ProtoReflect(), allButPayload)
+			if !proto.Equal(orig, want) {
+				t.Fatalf("changing the payload-sharing copy's other fields changed the original:\n got %v\nwant %v", orig, want)
+			}
+			// The requests that store messages must share their payload;
+			// the rest may still copy it whole (proto.Merge).
+			switch d.Name() {
+			case "Event", "QueueMessage", "QueueMessagesBatchRequest", "QueuesUpstreamRequest":
+				if !scramble(pc.ProtoReflect(), payloadOnly) || proto.Equal(orig, want) {
+					t.Fatal("the payload-sharing copy has its own payload")
+				}
 			}
 		})
 	}

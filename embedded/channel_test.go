@@ -14,25 +14,43 @@ import (
 	pb "github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-func channelClient(t *testing.T, opts embedded.Options) (*embedded.Server, pb.KubemqClient) {
+func channelClient(t *testing.T, opts embedded.Options, copts ...embedded.ChannelOption) (*embedded.Server, pb.KubemqClient) {
 	t.Helper()
 	srv, err := embedded.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	return srv, pb.NewKubemqClient(srv.Channel())
+	return srv, pb.NewKubemqClient(srv.Channel(copts...))
 }
 
 // TestChannelCopies: what crosses the channel is a copy in both
 // directions: a caller changing its request after the call, or the message
-// it received, changes nothing stored.
+// it received, changes nothing stored. With SharePayloads the stored
+// message is the sent Body and Tags (which the caller must then leave
+// alone), and what a receiver gets is still a copy.
 func TestChannelCopies(t *testing.T) {
-	_, c := channelClient(t, embedded.Options{Strict: true})
+	for _, share := range []bool{false, true} {
+		t.Run(map[bool]string{false: "copy", true: "share"}[share], func(t *testing.T) { testChannelCopies(t, share) })
+	}
+}
+
+func testChannelCopies(t *testing.T, share bool) {
+	var copts []embedded.ChannelOption
+	if share {
+		copts = append(copts, embedded.SharePayloads())
+	}
+	_, c := channelClient(t, embedded.Options{Strict: true}, copts...)
 	ctx := testCtx(t)
-	m := &pb.QueueMessage{MessageID: "m1", ClientID: "c", Channel: "q", Body: []byte("body"), Tags: map[string]string{"k": "v"}}
+	m := &pb.QueueMessage{MessageID: "m1", ClientID: "c", Channel: "q", Body: []byte("body"), Tags: map[string]string{"k": "v"},
+		Policy: &pb.QueueMessagePolicy{MaxReceiveCount: 3}}
 	if res, err := c.SendQueueMessage(ctx, m); err != nil || res.IsError {
 		t.Fatalf("send: %v %v", res, err)
+	}
+	m.Policy.MaxReceiveCount = 9 // never shared
+	wantBody, wantTag := "body", "v"
+	if share {
+		wantBody, wantTag = "XXXX", "changed"
 	}
 	copy(m.Body, "XXXX")
 	m.Tags["k"] = "changed"
@@ -45,12 +63,12 @@ func TestChannelCopies(t *testing.T) {
 		return r.Messages[0]
 	}
 	got := peek()
-	if string(got.Body) != "body" || got.Tags["k"] != "v" {
-		t.Fatalf("stored message follows the caller's changes: %q %v", got.Body, got.Tags)
+	if string(got.Body) != wantBody || got.Tags["k"] != wantTag || got.Policy.GetMaxReceiveCount() != 3 {
+		t.Fatalf("stored message %q %v %v, want %q %q and 3 receives", got.Body, got.Tags, got.Policy, wantBody, wantTag)
 	}
 	copy(got.Body, "YYYY")
 	got.Tags["k"] = "changed again"
-	if again := peek(); string(again.Body) != "body" || again.Tags["k"] != "v" {
+	if again := peek(); string(again.Body) != wantBody || again.Tags["k"] != wantTag {
 		t.Fatalf("stored message follows a receiver's changes: %q %v", again.Body, again.Tags)
 	}
 }

@@ -116,14 +116,14 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { srv.Close() })
-			kaddr, inproc = "embedded", srv.Channel()
+			kaddr, inproc = "embedded", srv.Channel(embedded.SharePayloads())
 		}
 	} else if kubemqtest.InProcess(true) && !kubemqtest.External() && !cfg.relay {
 		// By default this suite reaches the embedded server (strict, as
 		// every test backend) through the in-process channel the binary uses;
 		// KUBEMQ_LINK=tcp uses loopback TCP (the AMQP suite's default).
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
-		kaddr, inproc = "embedded", srv.Channel()
+		kaddr, inproc = "embedded", srv.Channel(embedded.SharePayloads())
 	} else {
 		kaddr = kubemqtest.Address(t)
 	}

@@ -56,7 +56,10 @@ type Options struct {
 	// Conn, if set, carries every call instead of a connection dialled to
 	// Address (which is then only a name for logs): an in-process server's
 	// channel such as embedded.Server.Channel(). TLS and DialOptions do
-	// not apply to it; the client does not close it.
+	// not apply to it; the client does not close it. Over a channel with
+	// embedded.SharePayloads the server keeps the Body and Tags of sent
+	// queue messages and events as they are: never change them after the
+	// call, even a failed one.
 	Conn grpc.ClientConnInterface
 	// Observe, if set, is called once per operation that reached the
 	// server (ObservedOps names it) with the time until the server's

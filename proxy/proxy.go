@@ -137,9 +137,11 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		// The proxy's own client calls the embedded server's handlers in
 		// this process (embedded.Server.Channel: the same gRPC service
 		// and messages without HTTP/2 framing or protobuf encoding);
-		// embedded.listen still serves native KubeMQ clients.
+		// embedded.listen still serves native KubeMQ clients. The
+		// front-ends never change a message's body or tags once sent, so
+		// the server keeps them as the stored message (SharePayloads).
 		copts.Address = "embedded"
-		copts.Conn = p.embedded.Channel()
+		copts.Conn = p.embedded.Channel(embedded.SharePayloads())
 	}
 	if p.cfg.KubeMQ.TLS && !p.cfg.UseEmbedded() {
 		tc, err := p.clientTLS()

@@ -200,7 +200,7 @@ func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error
-		c, err = kubemqclient.Dial(ctx, kubemqclient.Options{Address: "embedded", Logger: zaptest.NewLogger(t), Conn: srv.Channel()})
+		c, err = kubemqclient.Dial(ctx, kubemqclient.Options{Address: "embedded", Logger: zaptest.NewLogger(t), Conn: srv.Channel(embedded.SharePayloads())})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -88,13 +88,14 @@ func InProcess(byDefault bool) bool {
 
 // Link returns the in-process channel of the embedded server StartEmbedded
 // runs on addr when $KUBEMQ_LINK is "memory", else nil: dial addr. Use it
-// as kubemqclient.Options.Conn.
+// as kubemqclient.Options.Conn. It shares sent payloads as the proxy's
+// channel does (embedded.SharePayloads).
 func Link(addr string) grpc.ClientConnInterface {
 	if !InProcess(false) {
 		return nil
 	}
 	if srv, ok := started.Load(addr); ok {
-		return srv.(*embedded.Server).Channel()
+		return srv.(*embedded.Server).Channel(embedded.SharePayloads())
 	}
 	return nil
 }

@@ -107,28 +107,3 @@ func TestBackendDownIsNotReady(t *testing.T) {
 	}
 }
 
-func TestValidateRejectsBadValues(t *testing.T) {
-	for name, mut := range map[string]func(*proxy.Config){
-		"listen":      func(c *proxy.Config) { c.GCP.Listen = "nonsense" },
-		"address":     func(c *proxy.Config) { c.KubeMQ.Address = "no-port" },
-		"frame_max":   func(c *proxy.Config) { c.AMQP.FrameMax = 100 },
-		"log level":   func(c *proxy.Config) { c.Log.Level = "loud" },
-		"cert alone":  func(c *proxy.Config) { c.AMQP.CertFile = "/nonexistent" },
-		"registry ch": func(c *proxy.Config) { c.Registry.Channel = "a b" },
-		// Existing files, so that only the combination is wrong.
-		"client ca without cert": func(c *proxy.Config) { c.AMQP.ClientCAFile = "proxy_test.go" },
-		"kubemq ca without tls":  func(c *proxy.Config) { c.KubeMQ.CAFile = "proxy_test.go" },
-	} {
-		cfg := proxy.Defaults()
-		mut(&cfg)
-		if err := cfg.Validate(); err == nil {
-			t.Errorf("%s: accepted", name)
-		} else if strings.Contains(err.Error(), "\n") {
-			t.Errorf("%s: error is not one line: %q", name, err)
-		}
-	}
-	def := proxy.Defaults()
-	if err := def.Validate(); err != nil {
-		t.Fatalf("defaults invalid: %v", err)
-	}
-}

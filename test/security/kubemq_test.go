@@ -82,18 +82,9 @@ func TestKubeMQTLS(t *testing.T) {
 		before := lis.n.Load()
 		p := startProxy(t, []string{"http", "amqp"}, "--kubemq.address", addr, "--kubemq.tls", "--kubemq.ca_file", other.file,
 			"--kubemq.server_name", "localhost", "--registry.channel", uniq("registry-tls"))
-		// Wait until the proxy has tried (and failed) the TLS handshake
-		// several times; it must never have become ready.
-		deadline := time.Now().Add(30 * time.Second)
-		for lis.n.Load()-before < 3 {
-			if code := p.readyz(); code != http.StatusServiceUnavailable {
-				t.Fatalf("/readyz = %d with the wrong CA, want 503", code)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("only %d connection attempts in 30s", lis.n.Load()-before)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		// The proxy has tried (and failed) the TLS handshake several
+		// times and never became ready.
+		stayUnready(t, p, lis, before, 3, "with the wrong CA")
 		if code := p.readyz(); code != http.StatusServiceUnavailable {
 			t.Fatalf("/readyz = %d with the wrong CA, want 503", code)
 		}
@@ -104,13 +95,25 @@ func TestKubeMQTLS(t *testing.T) {
 	t.Run("plaintext client against the TLS server", func(t *testing.T) {
 		before := lis.n.Load()
 		p := startProxy(t, []string{"http"}, "--kubemq.address", addr, "--registry.channel", uniq("registry-tls"))
-		for lis.n.Load()-before < 2 {
-			if code := p.readyz(); code != http.StatusServiceUnavailable {
-				t.Fatalf("/readyz = %d without kubemq.tls, want 503", code)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		stayUnready(t, p, lis, before, 2, "without kubemq.tls")
 	})
+}
+
+// stayUnready waits until the backend's listener has seen n more
+// connections than before (at most 30 s), checking all along that the
+// proxy's /readyz says 503.
+func stayUnready(t *testing.T, p *proc, lis *countingListener, before, n int64, why string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for lis.n.Load()-before < n {
+		if code := p.readyz(); code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz = %d %s, want 503", code, why)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d connection attempts in 30s", lis.n.Load()-before, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // call is one KubeMQ call seen by the server.

@@ -251,10 +251,11 @@ func BenchmarkLatency(b *testing.B) {
 					})
 				}()
 				p := c.Publisher(topicID)
-				// 1,000 ticks/s, rate/1000 messages each: a steady stream
-				// rather than bursts aligned with the publisher's batching
-				// timer, which would make every message wait its full delay.
-				tick := time.NewTicker(time.Millisecond)
+				// 1,000 ticks/s, rate/1000 messages each (below 1,000/s one
+				// message a tick, slower): a steady stream rather than bursts
+				// aligned with the publisher's batching timer, which would
+				// make every message wait its full delay.
+				tick := time.NewTicker(max(time.Millisecond, time.Second/time.Duration(rate)))
 				var rs []*pubsub.PublishResult
 				for i := 0; i < n; {
 					<-tick.C

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,9 +46,10 @@ type leaseState uint8
 
 const (
 	leaseOut     leaseState = iota + 1 // handed to a client, deadline running
-	leasePending                       // ordered: waits behind an earlier message of its key
-	leaseBackoff                       // ordered: nacked head waiting out its retry backoff
-	leaseReady                         // ordered: may be handed out again
+	leasePending                       // ordered: waits behind earlier messages of its key
+	leaseBackoff                       // ordered: failed, waiting out its retry backoff
+	leaseReady                         // ordered: may be handed out (again)
+	leaseAcked                         // ordered: acked, settled once every earlier message of its key is
 )
 
 // lease is this package's view of one engine delivery. Owned by
@@ -65,12 +67,55 @@ type lease struct {
 	hidx     int // index in subRuntime.heap; -1 when not in it
 }
 
-// keyState is one ordering key's place in a subscription: at most one of
-// its messages is out (or waiting out a backoff) at a time; the rest wait
-// in FIFO order. Owned by subRuntime.mu.
+// keyState is one ordering key's place in a subscription (Google's
+// semantics: a key's messages go out in order, several at a time; when one
+// fails, it and every later one that went out are delivered again, in
+// order, including those already acked).
+//
+// window holds the key's messages from its earliest unsettled one on, in
+// publish order: out, acked (held: settled only once every earlier one is,
+// so that a failure before them can still redeliver them), ready to go out
+// or waiting out a backoff. Once one is ready or in backoff, none after it
+// is out or acked. pending holds later messages, fetched but not yet
+// admitted, in publish order. All the key's out messages are on one stream
+// (owner): a client processes a key in order only within a stream.
+// Owned by subRuntime.mu.
 type keyState struct {
-	head    *lease   // out, backoff or ready; nil when the key is idle
-	pending []*lease // fetched later, delivered after head is settled
+	window  []*lease
+	pending []*lease
+	owner   *flow // the stream holding the key's out messages
+	out     int   // window entries out
+}
+
+// maxKeyWindow bounds a key's window: the redeliveries one failure can
+// cause.
+const maxKeyWindow = 1000
+
+// admits reports whether the window takes the key's next message: it is
+// not full, and its last entry is not waiting out a backoff (what follows
+// it waits in pending).
+func (ks *keyState) admits() bool {
+	n := len(ks.window)
+	return n == 0 || (n < maxKeyWindow && ks.window[n-1].state != leaseBackoff)
+}
+
+// queued reports whether some window entry waits to go out (again): a
+// fresh message of the key goes behind it.
+func (ks *keyState) queued() bool {
+	n := len(ks.window)
+	return n > 0 && (ks.window[n-1].state == leaseReady || ks.window[n-1].state == leaseBackoff)
+}
+
+// takes reports whether stream f may be handed the key's messages now.
+func (ks *keyState) takes(f *flow) bool { return ks.out == 0 || ks.owner == f }
+
+func (ks *keyState) index(l *lease) int {
+	for i, w := range ks.window {
+		if w == l {
+			return i
+		}
+	}
+	return -1
 }
 
 var (
@@ -96,7 +141,7 @@ type subRuntime struct {
 	leases  map[string]*lease
 	heap    leaseHeap
 	keys    map[string]*keyState // ordered subscriptions only
-	ready   []*lease             // ordered: heads to hand out again, oldest first
+	ready   []*lease             // ordered: messages to hand out (again), in order
 	ordered bool                 // enable_message_ordering (immutable)
 	// Ordering recovery (ordering.go): keyed messages wait until
 	// recoverUntil, and while an earlier message of their key is known to
@@ -258,29 +303,39 @@ func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow,
 			l.key = d.Tags[TagOrderingKey]
 		}
 		r.leases[d.LeaseID] = l
-		if l.key != "" && !r.admitKeyedLocked(l, now) {
-			continue // waits behind its key's head, or for the key's recovery
+		if l.key != "" && !r.admitKeyedLocked(l, f, now) {
+			continue // waits behind earlier messages of its key, or for the key's recovery
 		}
 		out = append(out, r.handOutLocked(e, l, f, deadline, now))
 	}
 	return out
 }
 
-// handReadyLocked hands out ordered heads that became ready again, and
-// returns their engine lease ids.
+// handReadyLocked hands out ordered messages that are ready to go out
+// (again) to stream f, in order, skipping keys whose messages are out on
+// another stream, and returns their engine lease ids.
 func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline time.Duration) ([]*pubsubpb.ReceivedMessage, []string) {
 	if len(r.ready) == 0 {
 		return nil, nil
 	}
-	n := min(max, len(r.ready))
 	now := time.Now()
-	out := make([]*pubsubpb.ReceivedMessage, 0, n)
-	ids := make([]string, 0, n)
-	for _, l := range r.ready[:n] {
+	var out []*pubsubpb.ReceivedMessage
+	var ids []string
+	keep := r.ready[:0] // in place: keep never passes the entry being read
+	for i, l := range r.ready {
+		if len(out) == max {
+			keep = append(keep, r.ready[i:]...)
+			break
+		}
+		if ks := r.keys[l.key]; ks != nil && !ks.takes(f) {
+			keep = append(keep, l)
+			continue
+		}
 		out = append(out, r.handOutLocked(e, l, f, deadline, now))
 		ids = append(ids, l.d.LeaseID)
 	}
-	r.ready = r.ready[n:]
+	clear(r.ready[len(keep):])
+	r.ready = keep
 	return out, ids
 }
 
@@ -291,6 +346,12 @@ func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time
 	l.state = leaseOut
 	l.flow = f
 	f.take(l)
+	if l.key != "" {
+		if ks := r.keys[l.key]; ks != nil {
+			ks.out++
+			ks.owner = f
+		}
+	}
 	r.setDeadlineLocked(l, now.Add(deadline))
 	rm := &pubsubpb.ReceivedMessage{
 		AckId:   ackID(l.d.LeaseID, l.gen),
@@ -337,16 +398,37 @@ func (r *subRuntime) lookupLocked(id string) *lease {
 	return l
 }
 
+// leaveOutLocked is called before an ordered lease that is out changes
+// state: its key's count of out messages, and the key's stream.
+func (r *subRuntime) leaveOutLocked(l *lease) {
+	if l.key == "" || l.state != leaseOut {
+		return
+	}
+	if ks := r.keys[l.key]; ks != nil {
+		ks.out--
+		if ks.out == 0 {
+			ks.owner = nil
+		}
+	}
+}
+
 // forgetLocked removes a settled lease and lets its key move on. heard
 // is true when the client settled it (ack, nack), false when it expired.
 func (r *subRuntime) forgetLocked(l *lease, heard bool) {
+	r.leaveOutLocked(l)
 	r.unheapLocked(l)
 	delete(r.leases, l.d.LeaseID)
 	l.flow.release(l, heard)
 	l.flow = nil
 	if l.key != "" {
-		if ks := r.keys[l.key]; ks != nil && ks.head == l {
-			ks.head = nil
+		if ks := r.keys[l.key]; ks != nil {
+			switch i := ks.index(l); {
+			case i == 0:
+				ks.window[0] = nil
+				ks.window = ks.window[1:]
+			case i > 0:
+				ks.window = slices.Delete(ks.window, i, i+1)
+			}
 			r.advanceKeyLocked(l.key, ks, time.Now())
 		}
 	}
@@ -359,41 +441,105 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 	r.notifyLocked()
 }
 
-// advanceKeyLocked makes the key's earliest pending message its head
-// (handed out by the next fetch), unless the key is held for recovery.
-func (r *subRuntime) advanceKeyLocked(key string, ks *keyState, now time.Time) {
-	if ks.head != nil {
-		return
-	}
-	if len(ks.pending) == 0 {
+// advanceKeyLocked admits the key's pending messages to its window as
+// ready (handed out by the next fetches, in order), unless the key is held
+// for recovery, and forgets an idle key. It reports whether it admitted any.
+func (r *subRuntime) advanceKeyLocked(key string, ks *keyState, now time.Time) bool {
+	if len(ks.window) == 0 && len(ks.pending) == 0 {
 		delete(r.keys, key)
+		return false
+	}
+	if len(ks.pending) == 0 || !ks.admits() || r.keyHeldLocked(key, now) {
+		return false
+	}
+	for len(ks.pending) > 0 && ks.admits() {
+		next := ks.pending[0]
+		ks.pending[0] = nil
+		ks.pending = ks.pending[1:]
+		next.state = leaseReady
+		ks.window = append(ks.window, next)
+		r.ready = append(r.ready, next)
+	}
+	return true
+}
+
+// rewindKeyLocked takes every message of l's key after l out of its window
+// (out, acked or waiting to go out) and back to the front of pending: they
+// go out again after l, in order, under new ack ids (Google redelivers a
+// key's later messages after a failed one, acked or not).
+func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
+	i := ks.index(l)
+	if i < 0 || i == len(ks.window)-1 {
 		return
 	}
-	if r.keyHeldLocked(key, now) {
-		return
+	rest := ks.window[i+1:]
+	back := make([]*lease, 0, len(rest)+len(ks.pending))
+	readied := false
+	for _, w := range rest {
+		switch w.state {
+		case leaseOut:
+			r.leaveOutLocked(w)
+			r.unheapLocked(w)
+			w.flow.release(w, false)
+			w.flow = nil
+		case leaseBackoff:
+			r.unheapLocked(w)
+		case leaseReady:
+			readied = true
+		}
+		w.gen++ // its outstanding ack id is stale
+		w.state = leasePending
+		w.order = orderOf(w.d.Tags)
+		back = append(back, w)
 	}
-	next := ks.pending[0]
-	ks.pending = ks.pending[1:]
-	ks.head = next
-	next.state = leaseReady
-	r.ready = append(r.ready, next)
+	if readied { // r.ready holds no other pending lease
+		r.ready = slices.DeleteFunc(r.ready, func(x *lease) bool { return x.state == leasePending })
+	}
+	clear(rest)
+	ks.window = ks.window[:i+1]
+	ks.pending = append(back, ks.pending...)
 }
 
 // ack settles ack ids; unknown and stale ones are ignored (plain
-// subscriptions, as Google: acking an expired id "may succeed").
+// subscriptions, as Google: acking an expired id "may succeed"). An
+// ordered message acked while an earlier one of its key is unsettled is
+// held, and settled with the earlier ones.
 func (r *subRuntime) ack(ids []string) {
 	settled := make([]string, 0, len(ids))
+	acked := 0
 	r.mu.Lock()
 	for _, id := range ids {
-		if l := r.lookupLocked(id); l != nil {
-			r.forgetLocked(l, true)
-			settled = append(settled, l.d.LeaseID)
+		l := r.lookupLocked(id)
+		if l == nil {
+			continue
+		}
+		acked++
+		var ks *keyState
+		if l.key != "" {
+			ks = r.keys[l.key]
+		}
+		if ks != nil && ks.index(l) > 0 {
+			r.leaveOutLocked(l)
+			r.unheapLocked(l)
+			l.flow.release(l, true)
+			l.flow = nil
+			l.state = leaseAcked
+			continue
+		}
+		r.forgetLocked(l, true)
+		settled = append(settled, l.d.LeaseID)
+		for ks != nil && len(ks.window) > 0 && ks.window[0].state == leaseAcked {
+			a := ks.window[0]
+			r.forgetLocked(a, true)
+			settled = append(settled, a.d.LeaseID)
 		}
 	}
 	r.mu.Unlock()
 	if len(settled) > 0 {
 		r.h.Ack(settled...)
-		r.acked.Add(float64(len(settled)))
+	}
+	if acked > 0 {
+		r.acked.Add(float64(acked))
 	}
 }
 
@@ -463,27 +609,43 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		delay time.Duration
 	}
 	var nacks []nack
-	var holds []nack // ordered heads waiting out a backoff in place
+	var holds []nack // ordered messages waiting out a backoff in place
 	now := time.Now()
 	r.mu.Lock()
 	for _, l := range ls {
 		if r.leases[l.d.LeaseID] != l || l.state != leaseOut || (expired && l.deadline.After(now)) {
 			continue
 		}
+		var ks *keyState
+		if l.key != "" {
+			ks = r.keys[l.key]
+		}
+		if ks != nil {
+			// Its key's later messages go out again after it.
+			r.rewindKeyLocked(ks, l)
+			r.leaveOutLocked(l)
+		}
 		if max := maxAttempts(e); max > 0 && l.attempt >= max {
-			// Taken out of circulation; forgotten once the dead-letter
-			// copy is stored.
+			// Taken out of circulation (and out of its key's window: the
+			// key goes on); forgotten once the dead-letter copy is stored.
 			r.unheapLocked(l)
 			l.state = leasePending
 			l.flow.release(l, !expired)
 			l.flow = nil
+			if ks != nil {
+				if i := ks.index(l); i >= 0 {
+					ks.window = slices.Delete(ks.window, i, i+1)
+				}
+				r.advanceKeyLocked(l.key, ks, now)
+				r.notifyLocked()
+			}
 			dead = append(dead, l)
 			continue
 		}
 		delay := backoff(e, l.attempt)
-		if l.key != "" {
-			// Ordered: redeliver in place so that the key's later
-			// messages stay behind it.
+		if ks != nil {
+			// Ordered: redeliver in place, ahead of the key's later
+			// messages.
 			l.flow.release(l, !expired)
 			l.flow = nil
 			l.attempt++
@@ -492,6 +654,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 				r.unheapLocked(l)
 				l.state = leaseReady
 				r.ready = append([]*lease{l}, r.ready...)
+				r.advanceKeyLocked(l.key, ks, now)
 				r.notifyLocked()
 			} else {
 				l.state = leaseBackoff
@@ -607,6 +770,9 @@ func (r *subRuntime) sweep() {
 			case leaseBackoff:
 				l.state = leaseReady
 				r.ready = append(r.ready, l)
+				if ks := r.keys[l.key]; ks != nil {
+					r.advanceKeyLocked(l.key, ks, now) // its key's later messages follow it
+				}
 				r.notifyLocked()
 			}
 		}

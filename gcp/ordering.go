@@ -116,10 +116,10 @@ func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
 	return true
 }
 
-// admitKeyedLocked files a fresh keyed lease: true when it is its key's
-// head and may be handed out now; otherwise it waits in the key's pending
-// list, in publish order.
-func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
+// admitKeyedLocked files a fresh keyed lease: true when it joins its
+// key's window and may be handed out to stream f now; otherwise it waits in
+// the key's pending list, in publish order.
+func (r *subRuntime) admitKeyedLocked(l *lease, f *flow, now time.Time) bool {
 	if w := r.awaiting[l.key]; w != nil {
 		delete(w, l.d.Tags[TagMessageID]) // an awaited message is back
 	}
@@ -128,12 +128,12 @@ func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
 		ks = &keyState{}
 		r.keys[l.key] = ks
 	}
-	if ks.head == nil && len(ks.pending) == 0 && !r.keyHeldLocked(l.key, now) {
-		ks.head = l
+	if len(ks.pending) == 0 && ks.admits() && !ks.queued() && ks.takes(f) && !r.keyHeldLocked(l.key, now) {
+		ks.window = append(ks.window, l)
 		return true
 	}
 	// Only pending messages are compared, so only they need their order
-	// (a time parse): a key's head on the usual path skips it.
+	// (a time parse): the usual path skips it.
 	l.order = orderOf(l.d.Tags)
 	l.state = leasePending
 	i, _ := slices.BinarySearchFunc(ks.pending, l, func(p, l *lease) int {
@@ -143,36 +143,31 @@ func (r *subRuntime) admitKeyedLocked(l *lease, now time.Time) bool {
 		return -1 // after equals: arrival order
 	})
 	ks.pending = slices.Insert(ks.pending, i, l)
-	if ks.head == nil && !r.keyHeldLocked(l.key, now) {
-		if ks.pending[0] == l {
-			ks.pending = ks.pending[1:]
-			ks.head = l
-			return true
-		}
-		r.advanceKeyLocked(l.key, ks, now)
+	if r.advanceKeyLocked(l.key, ks, now) {
 		r.notifyLocked()
 	}
 	return false
 }
 
-// holds reports whether the message o is the key's head or one of its
-// pending messages (every keyed lease is one or the other). pending is
+// holds reports whether the message o is in the key's window or among its
+// pending messages (every keyed lease is in one or the other). pending is
 // sorted by publish order, so it is searched, not scanned.
 func (ks *keyState) holds(o msgOrder) bool {
-	if ks.head != nil && ks.head.d.Tags[TagMessageID] == o.id {
-		return true
+	for _, w := range ks.window {
+		if w.d.Tags[TagMessageID] == o.id {
+			return true
+		}
 	}
 	_, found := slices.BinarySearchFunc(ks.pending, o, func(p *lease, o msgOrder) int { return p.order.compare(o) })
 	return found
 }
 
-// releaseKeysLocked moves the earliest pending message of every key that
-// is no longer held to the ready list.
+// releaseKeysLocked admits the pending messages of every key that is no
+// longer held.
 func (r *subRuntime) releaseKeysLocked(now time.Time) {
 	moved := false
 	for key, ks := range r.keys {
-		if ks.head == nil && len(ks.pending) > 0 && !r.keyHeldLocked(key, now) {
-			r.advanceKeyLocked(key, ks, now)
+		if len(ks.pending) > 0 && r.advanceKeyLocked(key, ks, now) {
 			moved = true
 		}
 	}

@@ -203,8 +203,8 @@ func TestRecreatedSubscriptionIsolated(t *testing.T) {
 	}
 }
 
-// TestOrderingSurvivesOutage: an ordered key has one message out and the
-// rest waiting behind it when KubeMQ becomes unreachable; the leases are
+// TestOrderingSurvivesOutage: an ordered key has its first messages out
+// and the rest waiting behind them when KubeMQ becomes unreachable; the leases are
 // dropped and come back from their records after later messages of the
 // key were published. The key must still be delivered in publish order,
 // from its first unacked message on.
@@ -218,9 +218,10 @@ func TestOrderingSurvivesOutage(t *testing.T) {
 	const first, total = 10, 20
 	publishKeyed(t, ctx, c, tid, 0, first)
 	sc := rawSubscriber(t, e)
-	leaseHead(t, ctx, sc, e.subName(sid))
+	leaseFirst(t, ctx, sc, e.subName(sid))
 
-	// A Pull waits (the key's head is out, nothing else is deliverable)
+	// A Pull waits (the key's first messages are out to another Pull, so
+	// nothing else is deliverable to it)
 	// when KubeMQ goes away: the runtime hears that its leases are lost.
 	waiting := make(chan error, 1)
 	go func() {

@@ -3,6 +3,7 @@ package gcp
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -214,7 +215,9 @@ func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubs
 		case <-pctx.Done():
 		}
 	}()
-	msgs, err := rt.fetch(pctx, int(n), nil, time.Duration(e.proto.GetAckDeadlineSeconds())*time.Second)
+	// Each call is its own stream for ordering: a key's messages out to one
+	// Pull are not handed to another until they are settled.
+	msgs, err := rt.fetch(pctx, int(n), newFlow(math.MaxInt64, 0), time.Duration(e.proto.GetAckDeadlineSeconds())*time.Second)
 	if err != nil {
 		if pctx.Err() != nil && ctx.Err() == nil {
 			return &pubsubpb.PullResponse{}, nil

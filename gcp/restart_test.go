@@ -90,7 +90,7 @@ func TestCrashRedeliveryAfterAckDeadline(t *testing.T) {
 }
 
 // TestOrderingSurvivesCrash: a replica holding an ordered key's messages
-// (one out to a client, the rest waiting behind it) dies; later messages of
+// (its first ones out to a client, the rest waiting behind them) dies; later messages of
 // the key are published meanwhile. The surviving replica, which did not
 // create the subscription, must deliver the key from its first unacked
 // message on, in publish order, although the returning messages come back
@@ -109,8 +109,8 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 	c := e.v2()
 	const first, total = 10, 20
 	publishKeyed(t, ctx, c, tid, 0, first)
-	leaseHead(t, ctx, a, e.subName(sid))
-	own.Close() // A dies holding message 0 out and the rest of the key behind it
+	leaseFirst(t, ctx, a, e.subName(sid))
+	own.Close() // A dies holding the key's first messages out and the rest behind them
 	publishKeyed(t, ctx, c, tid, first, total)
 	drainKeyInOrder(t, ctx, rawSubscriber(t, e), e.subName(sid), total, "crash")
 }

@@ -24,10 +24,12 @@ type SubState struct {
 	Filter   string `json:"filter,omitempty"`
 	// Active: a delivery runtime runs here (some client pulled since start).
 	Active bool `json:"active"`
-	// Leases held here: out to clients, and (ordered) waiting behind their
-	// key or in a retry backoff.
+	// Leases held here: out to clients, (ordered) waiting behind their key
+	// or in a retry backoff, and (ordered) acked but held until every
+	// earlier message of their key is settled.
 	Out     int `json:"out"`
 	Waiting int `json:"waiting,omitempty"`
+	Acked   int `json:"acked_held,omitempty"`
 	// Ordering recovery after a restart or an outage: keys held back, and
 	// messages known to be on their way back from lease records.
 	RecoveringUntil *time.Time `json:"recovering_until,omitempty"`
@@ -54,9 +56,12 @@ func (s *Server) State() any {
 			ss.Active = true
 			r.mu.Lock()
 			for _, l := range r.leases {
-				if l.state == leaseOut {
+				switch l.state {
+				case leaseOut:
 					ss.Out++
-				} else {
+				case leaseAcked:
+					ss.Acked++
+				default:
 					ss.Waiting++
 				}
 			}

@@ -21,9 +21,26 @@ func TestState(t *testing.T) {
 	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(idle), Topic: e.topicName(tid)})
 	publishN(t, ctx, e.v2(), tid, 3, "k")
 	sc := rawSubscriber(t, e)
+	// One stream takes the ordered key's three messages (its later ones
+	// may come in later responses); acking the second while the first is
+	// out holds it.
+	ordered, err := sc.StreamingPull(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ordered.Send(&pubsubpb.StreamingPullRequest{Subscription: e.subName(sid), StreamAckDeadlineSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
 	var got []*pubsubpb.ReceivedMessage
-	for len(got) == 0 {
-		got = pull(t, ctx, sc, e.subName(sid), 10)
+	for len(got) < 3 {
+		resp, err := ordered.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, resp.ReceivedMessages...)
+	}
+	if _, err := sc.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(sid), AckIds: []string{got[1].AckId}}); err != nil {
+		t.Fatal(err)
 	}
 	stream, err := sc.StreamingPull(ctx)
 	if err != nil {
@@ -39,8 +56,8 @@ func TestState(t *testing.T) {
 	st := e.srv.State().(gcp.State)
 	raw, _ := json.Marshal(st)
 	t.Logf("%s", raw)
-	if st.Topics < 1 || st.StreamingPulls != 1 {
-		t.Fatalf("topics %d, streams %d; want >= 1 and 1", st.Topics, st.StreamingPulls)
+	if st.Topics < 1 || st.StreamingPulls != 2 {
+		t.Fatalf("topics %d, streams %d; want >= 1 and 2", st.Topics, st.StreamingPulls)
 	}
 	var s *gcp.SubState
 	for i := range st.Subscriptions {
@@ -51,9 +68,9 @@ func TestState(t *testing.T) {
 	if s == nil {
 		t.Fatalf("subscription %s missing from %s", sid, raw)
 	}
-	// One message of the key is out; the other two wait behind it (the
-	// poller may not have fetched them all yet).
-	if !s.Active || !s.Ordered || s.Out != 1 || s.Waiting > 2 || s.Topic != tid || s.Queue == "" {
+	// The key's three messages went out; the second was acked and is held
+	// until the first is settled.
+	if !s.Active || !s.Ordered || s.Out != 2 || s.Acked != 1 || s.Waiting != 0 || s.Topic != tid || s.Queue == "" {
 		t.Fatalf("subscription state %+v", *s)
 	}
 }

@@ -242,8 +242,8 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		}
 		fctx, cancel := context.WithCancel(ctx)
 		if e.proto.GetEnableMessageOrdering() {
-			// A released head must not wait behind a Fetch that waits for
-			// new messages.
+			// A message that became ready to go out must not wait behind
+			// a Fetch that waits for new messages.
 			go func() {
 				select {
 				case <-changed:

@@ -157,6 +157,7 @@ type subRuntime struct {
 	hold     time.Duration // the engine hold last set on h
 	timer    *time.Timer
 	wake     chan struct{} // cap 1: the earliest deadline moved
+	fetchSem chan struct{} // cap 1: ordered: the one fetch taking from the engine
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -178,6 +179,7 @@ func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 		window:         h.RecordDelay() + recoverySlack,
 		changed:        make(chan struct{}),
 		wake:           make(chan struct{}, 1),
+		fetchSem:       make(chan struct{}, 1),
 		done:           make(chan struct{}),
 	}
 	r.wg.Add(1)
@@ -240,8 +242,28 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 				return nil, ctx.Err()
 			}
 		}
+		ordered := e.proto.GetEnableMessageOrdering()
+		if ordered {
+			// One fetch at a time takes an ordered subscription's messages
+			// from the engine and files them: two fetches filing their
+			// shares of one engine hand-out in either order (or one giving
+			// its surplus back while the other takes what follows it)
+			// would let a key's later message go out before an earlier one.
+			select {
+			case r.fetchSem <- struct{}{}:
+			case <-changed:
+				continue // ready work may be this fetch's
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		release := func() {
+			if ordered {
+				<-r.fetchSem
+			}
+		}
 		fctx, cancel := context.WithCancel(ctx)
-		if e.proto.GetEnableMessageOrdering() {
+		if ordered {
 			// A message that became ready to go out must not wait behind
 			// a Fetch that waits for new messages.
 			go func() {
@@ -255,6 +277,7 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		ds, err := r.h.Fetch(fctx, room)
 		cancel()
 		if err != nil {
+			release()
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -282,6 +305,7 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		if len(surplus) > 0 {
 			r.h.Unfetch(surplus...)
 		}
+		release()
 		if len(out) > 0 {
 			return out, nil
 		}
@@ -482,6 +506,9 @@ func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
 			r.unheapLocked(w)
 			w.flow.release(w, false)
 			w.flow = nil
+			w.attempt++ // delivery_attempt counts deliveries (Google)
+		case leaseAcked:
+			w.attempt++
 		case leaseBackoff:
 			r.unheapLocked(w)
 		case leaseReady:
@@ -497,7 +524,12 @@ func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
 	}
 	clear(rest)
 	ks.window = ks.window[:i+1]
+	// Usually all of them precede pending; a message that came back late
+	// from a lease record may not (recovery), and pending stays sorted.
 	ks.pending = append(back, ks.pending...)
+	if len(back) < len(ks.pending) {
+		slices.SortStableFunc(ks.pending, func(a, b *lease) int { return a.order.compare(b.order) })
+	}
 }
 
 // ack settles ack ids; unknown and stale ones are ignored (plain
@@ -528,10 +560,8 @@ func (r *subRuntime) ack(ids []string) {
 		}
 		r.forgetLocked(l, true)
 		settled = append(settled, l.d.LeaseID)
-		for ks != nil && len(ks.window) > 0 && ks.window[0].state == leaseAcked {
-			a := ks.window[0]
-			r.forgetLocked(a, true)
-			settled = append(settled, a.d.LeaseID)
+		if ks != nil {
+			settled = append(settled, r.settleAckedHeadLocked(ks)...)
 		}
 	}
 	r.mu.Unlock()
@@ -543,14 +573,27 @@ func (r *subRuntime) ack(ids []string) {
 	}
 }
 
+// settleAckedHeadLocked forgets the acked messages at the head of a key's
+// window (nothing unsettled is before them any more) and returns their
+// engine lease ids, to be acked.
+func (r *subRuntime) settleAckedHeadLocked(ks *keyState) []string {
+	var ids []string
+	for len(ks.window) > 0 && ks.window[0].state == leaseAcked {
+		a := ks.window[0]
+		r.forgetLocked(a, true)
+		ids = append(ids, a.d.LeaseID)
+	}
+	return ids
+}
+
 // modack extends deadlines (seconds > 0) or nacks (0).
 func (r *subRuntime) modack(ids []string, seconds int32) {
 	if seconds == 0 {
 		r.mu.Lock()
-		var failed []*lease
+		var failed []failure
 		for _, id := range ids {
 			if l := r.lookupLocked(id); l != nil {
-				failed = append(failed, l)
+				failed = append(failed, failure{l, l.gen})
 			}
 		}
 		r.mu.Unlock()
@@ -591,12 +634,21 @@ func backoff(e *subEntry, attempt int) time.Duration {
 	return min(d, b.Max)
 }
 
-// fail handles leases whose attempt failed (nack or expiry): dead-letter
+// failure names one hand-out of a lease (its generation) whose attempt
+// failed.
+type failure struct {
+	l   *lease
+	gen uint32
+}
+
+// fail handles hand-outs whose attempt failed (nack or expiry): dead-letter
 // after the last attempt, otherwise redeliver after the retry backoff.
-// Each lease is re-checked under the lock, since an ack (or, for expired
-// ones, a modack) may have raced in.
-func (r *subRuntime) fail(ls []*lease, expired bool) {
-	if len(ls) == 0 {
+// Each is re-checked under the lock, since an ack, a modack or a newer
+// hand-out of the same lease (after its key was rewound) may have raced
+// in. An ordered key's failures are taken in its order: the earliest
+// rewinds the later ones, which then go out again rather than fail.
+func (r *subRuntime) fail(fs []failure, expired bool) {
+	if len(fs) == 0 {
 		return
 	}
 	e := r.entry()
@@ -609,25 +661,25 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		delay time.Duration
 	}
 	var nacks []nack
-	var holds []nack // ordered messages waiting out a backoff in place
+	var holds []nack     // ordered messages waiting out a backoff in place
+	var settled []string // acked messages that waited only for a dead-lettered one
 	now := time.Now()
 	r.mu.Lock()
-	for _, l := range ls {
-		if r.leases[l.d.LeaseID] != l || l.state != leaseOut || (expired && l.deadline.After(now)) {
+	r.sortFailuresLocked(fs)
+	for _, fl := range fs {
+		l := fl.l
+		if r.leases[l.d.LeaseID] != l || l.state != leaseOut || l.gen != fl.gen || (expired && l.deadline.After(now)) {
 			continue
 		}
 		var ks *keyState
 		if l.key != "" {
 			ks = r.keys[l.key]
 		}
-		if ks != nil {
-			// Its key's later messages go out again after it.
-			r.rewindKeyLocked(ks, l)
-			r.leaveOutLocked(l)
-		}
+		r.leaveOutLocked(l)
 		if max := maxAttempts(e); max > 0 && l.attempt >= max {
-			// Taken out of circulation (and out of its key's window: the
-			// key goes on); forgotten once the dead-letter copy is stored.
+			// Taken out of circulation, and out of its key's window: the
+			// key's later messages go on as they are, since it will not
+			// come again. Forgotten once the dead-letter copy is stored.
 			r.unheapLocked(l)
 			l.state = leasePending
 			l.flow.release(l, !expired)
@@ -636,6 +688,7 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 				if i := ks.index(l); i >= 0 {
 					ks.window = slices.Delete(ks.window, i, i+1)
 				}
+				settled = append(settled, r.settleAckedHeadLocked(ks)...)
 				r.advanceKeyLocked(l.key, ks, now)
 				r.notifyLocked()
 			}
@@ -644,8 +697,9 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		}
 		delay := backoff(e, l.attempt)
 		if ks != nil {
-			// Ordered: redeliver in place, ahead of the key's later
-			// messages.
+			// Ordered: redeliver in place; its key's later messages that
+			// went out go out again after it.
+			r.rewindKeyLocked(ks, l)
 			l.flow.release(l, !expired)
 			l.flow = nil
 			l.attempt++
@@ -667,6 +721,9 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 		nacks = append(nacks, nack{l.d.LeaseID, delay})
 	}
 	r.mu.Unlock()
+	if len(settled) > 0 {
+		r.h.Ack(settled...)
+	}
 	for _, n := range nacks {
 		r.h.Nack(n.id, n.delay)
 	}
@@ -680,6 +737,28 @@ func (r *subRuntime) fail(ls []*lease, expired bool) {
 			r.deadLetter(e, dead)
 		}()
 	}
+}
+
+// sortFailuresLocked puts the failures of each ordering key in the order
+// of its window (publish order): dead-lettered messages of a key reach the
+// dead-letter topic in order, and when the earliest failure is redelivered
+// the later ones of its key are rewound behind it rather than failed.
+func (r *subRuntime) sortFailuresLocked(fs []failure) {
+	if len(fs) < 2 || !r.ordered {
+		return
+	}
+	pos := func(l *lease) int {
+		if ks := r.keys[l.key]; ks != nil && l.key != "" {
+			return ks.index(l)
+		}
+		return -1
+	}
+	slices.SortStableFunc(fs, func(a, b failure) int {
+		if c := strings.Compare(a.l.key, b.l.key); c != 0 {
+			return c
+		}
+		return pos(a.l) - pos(b.l)
+	})
 }
 
 // maxAttempts is the dead-letter policy's limit, 0 without a policy.
@@ -760,13 +839,13 @@ func (r *subRuntime) sweep() {
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
-		var expired []*lease
+		var expired []failure
 		now := time.Now()
 		for len(r.heap) > 0 && !r.heap[0].deadline.After(now) {
 			l := heap.Pop(&r.heap).(*lease)
 			switch l.state {
 			case leaseOut:
-				expired = append(expired, l)
+				expired = append(expired, failure{l, l.gen})
 			case leaseBackoff:
 				l.state = leaseReady
 				r.ready = append(r.ready, l)

@@ -106,4 +106,3 @@ func TestBackendDownIsNotReady(t *testing.T) {
 		t.Fatalf("/readyz = %d %q", code, body)
 	}
 }
-

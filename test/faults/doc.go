@@ -28,6 +28,11 @@
 // CONNECTION_FORCED while the proxy is alive, a dropped socket when it is
 // killed.
 //
+// TestOrderedKeysSurviveProxyKill kills the proxy while windows of four
+// ordering keys are out to a client and the backend lives on, and checks
+// that every message arrives after the restart with each key restarting at
+// its first message and never skipping ahead.
+//
 // Run it with:
 //
 //	go test ./test/faults/ -run Faults -v

@@ -457,11 +457,16 @@ func rssBytes() int64 {
 
 // BenchmarkOrderedHotKey: receive+ack of a stored backlog whose messages
 // all share one ordering key, through Receive with ordering enabled: the
-// throughput one hot key gets. Delivery order is checked.
+// throughput one hot key gets. Delivery order is checked. $BENCH_KEYS=k
+// spreads k times the backlog over k keys.
 func BenchmarkOrderedHotKey(b *testing.B) {
+	keys := 1
+	if v, _ := strconv.Atoi(os.Getenv("BENCH_KEYS")); v > 0 {
+		keys = v // the same backlog spread over that many keys
+	}
 	for _, tg := range benchTargets {
 		b.Run(tg.name, func(b *testing.B) {
-			n := tg.hotKey
+			n := tg.hotKey * keys
 			addr, project := tg.start(b)
 			c := benchClient(b, addr, project)
 			ctx := context.Background()
@@ -479,7 +484,7 @@ func BenchmarkOrderedHotKey(b *testing.B) {
 			p.EnableMessageOrdering = true
 			rs := make([]*pubsub.PublishResult, n)
 			for i := range n {
-				rs[i] = p.Publish(ctx, &pubsub.Message{Data: kib, OrderingKey: "hot", Attributes: map[string]string{"i": strconv.Itoa(i)}})
+				rs[i] = p.Publish(ctx, &pubsub.Message{Data: kib, OrderingKey: "hot" + strconv.Itoa(i%keys), Attributes: map[string]string{"i": strconv.Itoa(i / keys)}})
 			}
 			for _, r := range rs {
 				if _, err := r.Get(ctx); err != nil {
@@ -492,7 +497,8 @@ func BenchmarkOrderedHotKey(b *testing.B) {
 			cpu := cpuTime()
 			for range b.N {
 				var mu sync.Mutex
-				next, outOfOrder := 0, 0
+				next := map[string]int{}
+				outOfOrder, done := 0, 0
 				rctx, cancel := context.WithCancel(ctx)
 				start := time.Now()
 				err := c.Subscriber(subID).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
@@ -500,14 +506,15 @@ func BenchmarkOrderedHotKey(b *testing.B) {
 					m.Ack()
 					mu.Lock()
 					defer mu.Unlock()
-					switch {
-					case i == next:
-						next++
-					case i > next:
+					switch k := m.OrderingKey; {
+					case i == next[k]:
+						if next[k]++; next[k] == n/keys {
+							if done++; done == keys {
+								cancel()
+							}
+						}
+					case i > next[k]:
 						outOfOrder++
-					}
-					if next == n {
-						cancel()
 					}
 				})
 				d = time.Since(start)

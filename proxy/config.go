@@ -24,6 +24,7 @@ type Config struct {
 	KubeMQ   KubeMQConfig   `mapstructure:"kubemq"`
 	Embedded EmbeddedConfig `mapstructure:"embedded"`
 	Registry RegistryConfig `mapstructure:"registry"`
+	Delivery DeliveryConfig `mapstructure:"delivery"`
 	Log      LogConfig      `mapstructure:"log"`
 	Shutdown ShutdownConfig `mapstructure:"shutdown"`
 }
@@ -115,6 +116,16 @@ type RegistryConfig struct {
 	SnapshotInterval time.Duration `mapstructure:"snapshot_interval"`
 }
 
+// DeliveryConfig tunes the lease engine both front-ends consume through.
+type DeliveryConfig struct {
+	// RecordDelay is the KubeMQ delay of every lease record (whole
+	// seconds): how soon a crashed proxy's leased messages come back, and
+	// (plus 5 s) how long ordered Pub/Sub subscriptions hold keyed
+	// messages after a restart or an outage. Shorter means more record
+	// traffic for leases held long.
+	RecordDelay time.Duration `mapstructure:"record_delay"`
+}
+
 // LogConfig configures zap.
 type LogConfig struct {
 	Level  string `mapstructure:"level"`
@@ -143,6 +154,7 @@ func Defaults() Config {
 		},
 		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000"},
 		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
+		Delivery: DeliveryConfig{RecordDelay: 10 * time.Second},
 		Log:      LogConfig{Level: "info", Format: "json", Sampling: true},
 		Shutdown: ShutdownConfig{Timeout: 15 * time.Second},
 	}
@@ -252,6 +264,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Registry.SnapshotInterval < time.Minute || c.Registry.SnapshotInterval > 12*time.Hour {
 		return fmt.Errorf("registry.snapshot_interval: %v is outside 1m..12h (the backend keeps 24h)", c.Registry.SnapshotInterval)
+	}
+	if d := c.Delivery.RecordDelay; d < time.Second || d > time.Hour || d%time.Second != 0 {
+		return fmt.Errorf("delivery.record_delay: %v is not whole seconds in 1s..1h", d)
 	}
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {

@@ -59,6 +59,9 @@ func TestValidate(t *testing.T) {
 		{"registry.channel", func(c *proxy.Config) { c.Registry.Channel = "a b" }},
 		{"registry.snapshot_interval", func(c *proxy.Config) { c.Registry.SnapshotInterval = 59 * time.Second }},
 		{"registry.snapshot_interval", func(c *proxy.Config) { c.Registry.SnapshotInterval = 12*time.Hour + time.Second }},
+		{"delivery.record_delay", func(c *proxy.Config) { c.Delivery.RecordDelay = 999 * time.Millisecond }},
+		{"delivery.record_delay", func(c *proxy.Config) { c.Delivery.RecordDelay = 1500 * time.Millisecond }},
+		{"delivery.record_delay", func(c *proxy.Config) { c.Delivery.RecordDelay = time.Hour + time.Second }},
 		{"log.level", func(c *proxy.Config) { c.Log.Level = "loud" }},
 		{"log.format", func(c *proxy.Config) { c.Log.Format = "xml" }},
 		{"shutdown.timeout", func(c *proxy.Config) { c.Shutdown.Timeout = 0 }},
@@ -100,6 +103,8 @@ func TestValidate(t *testing.T) {
 		"snapshot interval low":   func(c *proxy.Config) { c.Registry.SnapshotInterval = time.Minute },
 		"snapshot interval high":  func(c *proxy.Config) { c.Registry.SnapshotInterval = 12 * time.Hour },
 		"console debug logs":      func(c *proxy.Config) { c.Log.Level, c.Log.Format = "debug", "console" },
+		"record delay low":        func(c *proxy.Config) { c.Delivery.RecordDelay = time.Second },
+		"record delay high":       func(c *proxy.Config) { c.Delivery.RecordDelay = time.Hour },
 		"embedded tls":            func(c *proxy.Config) { c.Embedded.TLSCertFile, c.Embedded.TLSKeyFile = file, file },
 		"kubemq client cert pair": func(c *proxy.Config) { c.KubeMQ.TLS, c.KubeMQ.CertFile, c.KubeMQ.KeyFile = true, file, file },
 	}

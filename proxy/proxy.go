@@ -179,7 +179,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		return fmt.Errorf("registry: %w", err)
 	}
 
-	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{Logger: p.log.Named("delivery")}, p.metrics)
+	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{Logger: p.log.Named("delivery"), RecordDelay: p.cfg.Delivery.RecordDelay}, p.metrics)
 	if err != nil {
 		return fmt.Errorf("delivery: %w", err)
 	}

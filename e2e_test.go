@@ -22,7 +22,9 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -433,4 +435,73 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 	}
 	conn.Close()
 	terminate(t, p)
+}
+
+// TestRecordDelayReachesDelivery: delivery.record_delay sets the lease
+// engine's record delay, which an ordered subscription's recovery hold
+// after a restart follows (record delay + 5 s): with 2s, /state shows the
+// hold ending about 7 s after the first pull, not the default's 15 s.
+func TestRecordDelayReachesDelivery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dataDir, regCh := t.TempDir(), uniqueName("kubemq-proxy-e2e")
+	delay := []string{"--delivery.record_delay", "2s"}
+	p := startProxy(t, dataDir, regCh, delay...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const project = "e2e"
+	topicID, subID := uniqueName("topic"), uniqueName("sub")
+	c := pubsubClient(t, p.Addr("gcp"), project)
+	if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: "projects/" + project + "/topics/" + topicID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: "projects/" + project + "/subscriptions/" + subID, Topic: "projects/" + project + "/topics/" + topicID, EnableMessageOrdering: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	terminate(t, p)
+
+	p2 := startProxy(t, dataDir, regCh, delay...)
+	c2 := pubsubClient(t, p2.Addr("gcp"), project)
+	pulled := time.Now()
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := c2.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: "projects/" + project + "/subscriptions/" + subID, MaxMessages: 1})
+	pcancel()
+	if err != nil && status.Code(err) != codes.DeadlineExceeded {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + p2.Addr("http") + "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var state struct {
+		Frontends struct {
+			GCP struct {
+				Subscriptions []struct {
+					ID              string
+					RecoveringUntil *time.Time `json:"recovering_until"`
+				}
+			}
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range state.Frontends.GCP.Subscriptions {
+		if s.ID != subID {
+			continue
+		}
+		if s.RecoveringUntil == nil {
+			t.Fatal("the ordered subscription is not holding keyed messages after the restart")
+		}
+		if hold := s.RecoveringUntil.Sub(pulled); hold < 6*time.Second || hold > 8*time.Second {
+			t.Fatalf("recovery hold %v after the first pull, want about 7 s (record delay 2 s + 5 s)", hold)
+		}
+		terminate(t, p2)
+		return
+	}
+	t.Fatalf("subscription %s not in /state", subID)
 }

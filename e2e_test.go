@@ -28,6 +28,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/kubemq-io/kubemq-proxy/internal/keyorder"
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
@@ -229,12 +230,8 @@ func TestPubSubSurvivesKill9(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for k, s := range seq {
-		highest := -1
-		for j, v := range s {
-			if (j == 0 && v != 0) || v > highest+1 {
-				t.Fatalf("key %s out of order after the restart: %v", k, s)
-			}
-			highest = max(highest, v)
+		if err := keyorder.Check(s, keyorder.Repeats); err != nil {
+			t.Fatalf("key %s out of order after the restart: %v", k, err)
 		}
 	}
 	terminate(t, p2)

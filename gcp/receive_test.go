@@ -3,6 +3,7 @@ package gcp_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/gcp"
+	"github.com/kubemq-io/kubemq-proxy/internal/keyorder"
 )
 
 // publishN publishes n messages "m0".."m{n-1}" with attribute i and waits
@@ -400,18 +402,11 @@ func TestOrderingKeys(t *testing.T) {
 // and reach the key's last message.
 func checkKeyOrder(t *testing.T, key string, seq []int, perKey int, wasNacked func(int) bool) {
 	t.Helper()
-	highest := -1
-	for j, v := range seq {
-		if v > highest+1 {
-			t.Fatalf("key %s skipped ahead to %d: %v", key, v, seq)
-		}
-		if j > 0 && v <= seq[j-1] && !wasNacked(v) {
-			t.Fatalf("key %s went back to %d, which was not nacked: %v", key, v, seq)
-		}
-		highest = max(highest, v)
+	if err := keyorder.Check(seq, wasNacked); err != nil {
+		t.Fatalf("key %s: %v", key, err)
 	}
-	if highest != perKey-1 {
-		t.Fatalf("key %s ended at %d of %d: %v", key, highest, perKey, seq)
+	if len(seq) == 0 || slices.Max(seq) != perKey-1 {
+		t.Fatalf("key %s did not reach message %d: %v", key, perKey-1, seq)
 	}
 }
 

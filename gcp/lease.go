@@ -747,9 +747,20 @@ func (r *subRuntime) sortFailuresLocked(fs []failure) {
 	if len(fs) < 2 || !r.ordered {
 		return
 	}
-	pos := func(l *lease) int {
-		if ks := r.keys[l.key]; ks != nil && l.key != "" {
-			return ks.index(l)
+	// Window positions, one pass per key (a whole window may expire at once).
+	pos := map[*lease]int{}
+	for _, f := range fs {
+		if ks := r.keys[f.l.key]; ks != nil && f.l.key != "" && len(ks.window) > 0 {
+			if _, done := pos[ks.window[0]]; !done {
+				for i, w := range ks.window {
+					pos[w] = i
+				}
+			}
+		}
+	}
+	at := func(l *lease) int {
+		if i, ok := pos[l]; ok {
+			return i
 		}
 		return -1
 	}
@@ -757,7 +768,7 @@ func (r *subRuntime) sortFailuresLocked(fs []failure) {
 		if c := strings.Compare(a.l.key, b.l.key); c != 0 {
 			return c
 		}
-		return pos(a.l) - pos(b.l)
+		return at(a.l) - at(b.l)
 	})
 }
 

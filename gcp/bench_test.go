@@ -15,8 +15,8 @@ package gcp_test
 // embedded server a data directory, $KUBEMQ_LINK=tcp puts loopback TCP in
 // between. $BENCH_CPUPROFILE or $BENCH_TRACE name a file for a CPU profile
 // or an execution trace of the measured phase of a proxy benchmark
-// ($BENCH_PROFILE_ALL=1: of pstest's too); $BENCH_PUBLISH_N changes the
-// publish benchmark's 50k messages for a longer profile.
+// ($BENCH_PROFILE_ALL=1: of pstest's too; name one size with
+// $BENCH_PUBLISH_N or -bench, as each run rewrites the file).
 
 import (
 	"bufio"
@@ -116,31 +116,44 @@ func publishAll(b *testing.B, c *pubsub.Client, topicID string, n int) time.Dura
 	return time.Since(start)
 }
 
-// BenchmarkPublish: publish throughput, 50k messages per target.
+// BenchmarkPublish: publish throughput into a topic with one subscription
+// that nobody consumes, at three sizes (each after a warm-up of a fifth of
+// it), since pstest's cost grows with the backlog it holds: it scans every
+// stored message of a subscription each 10 ms. $BENCH_PUBLISH_N (a comma
+// list) changes the sizes.
 func BenchmarkPublish(b *testing.B) {
-	n := 50_000
-	if v, _ := strconv.Atoi(os.Getenv("BENCH_PUBLISH_N")); v > 0 {
-		n = v // diagnosis: a longer run for a profile
-	}
-	for _, tg := range benchTargets {
-		b.Run(tg.name, func(b *testing.B) {
-			addr, project := tg.start(b)
-			c := benchClient(b, addr, project)
-			topicID, _ := benchTopology(b, c, project)
-			// The same warm-up for each target, so that neither is measured
-			// on a cold process (the first target would be).
-			publishAll(b, c, topicID, n/5)
-			b.ResetTimer()
-			var d time.Duration
-			cpu := cpuTime()
-			stop := profileProxy(b, tg.name)
-			for range b.N {
-				d = publishAll(b, c, topicID, n)
+	sizes := []int{10_000, 50_000, 200_000}
+	if v := os.Getenv("BENCH_PUBLISH_N"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				b.Fatalf("BENCH_PUBLISH_N: %q is not a positive count", f)
 			}
-			stop()
-			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
-			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
-		})
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
+		for _, tg := range benchTargets {
+			b.Run(fmt.Sprintf("n=%d/%s", n, tg.name), func(b *testing.B) {
+				addr, project := tg.start(b)
+				c := benchClient(b, addr, project)
+				topicID, _ := benchTopology(b, c, project)
+				// The same warm-up for each target, so that neither is
+				// measured on a cold process (the first target would be).
+				publishAll(b, c, topicID, n/5)
+				b.ResetTimer()
+				var d time.Duration
+				cpu := cpuTime()
+				stop := profileProxy(b, tg.name)
+				for range b.N {
+					d = publishAll(b, c, topicID, n)
+				}
+				stop()
+				b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
+				b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
+			})
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ type Message struct {
 	Tags     map[string]string // KubeMQ Tags
 
 	Sequence     uint64 // received: Attributes.Sequence of this stored copy (0 = unknown)
+	Stored       int64  // received: when KubeMQ stored the original (Unix ns; 0 = unknown), kept across copies
 	DelaySeconds int    // sent: Policy.DelaySeconds
 }
 

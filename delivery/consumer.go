@@ -127,6 +127,15 @@ type Delivery struct {
 	Body      []byte            // KubeMQ Body
 	Tags      map[string]string // KubeMQ Tags without the reserved "_kmqp_" tags
 	Sequence  uint64            // KubeMQ sequence of the copy delivered (diagnostic)
+	StoredAt  time.Time         // when KubeMQ stored the original, stable across copies; zero = unknown
+}
+
+// storedAt is Message.Stored as a time; zero when unknown.
+func storedAt(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // Stats is a snapshot of a Consumer's gauges and counters (for /metrics).
@@ -410,6 +419,7 @@ func (c *Consumer) handOutLocked(l *lease, w *waiter, now time.Time) *Delivery {
 		Body:        l.msg.Body,
 		Tags:        l.msg.Tags,
 		Sequence:    l.seq,
+		StoredAt:    storedAt(l.msg.Stored),
 	}
 	c.st.delivered.Add(1)
 	return l.d

@@ -196,6 +196,7 @@ func TestNackRedeliversWithNextAttempt(t *testing.T) {
 		c, _ := newTestConsumer(t, f, Options{})
 		defer closeConsumer(t, c)
 		d := fetchFor(t, c, 1, time.Second)[0]
+		time.Sleep(time.Second) // so that a copy stored now has a later time than the original
 		if !c.Nack(d.LeaseID, 0) {
 			t.Fatal("Nack = false")
 		}
@@ -214,6 +215,9 @@ func TestNackRedeliversWithNextAttempt(t *testing.T) {
 		if d2.MessageID != "m1" || d2.Attempt != 2 || !d2.Redelivered || string(d2.Body) != "body-m1" ||
 			d2.Tags["k"] != "m1" || len(d2.Tags) != 1 || d2.LeaseID == d.LeaseID {
 			t.Errorf("redelivery = %+v", d2)
+		}
+		if d.StoredAt.IsZero() || !d2.StoredAt.Equal(d.StoredAt) {
+			t.Errorf("stored at %v, redelivered copy %v: want the original's", d.StoredAt, d2.StoredAt)
 		}
 		c.Nack(d2.LeaseID, 0)
 		d3 := fetchFor(t, c, 1, time.Second)[0]
@@ -390,7 +394,9 @@ func TestCrashRecovery(t *testing.T) {
 			t.Fatalf("got %d", len(got))
 		}
 		acked := map[string]bool{}
+		stored := map[string]time.Time{}
 		for i, d := range got {
+			stored[d.MessageID] = d.StoredAt
 			if i%2 == 0 {
 				a.Ack(d.LeaseID)
 				acked[d.MessageID] = true
@@ -408,6 +414,9 @@ func TestCrashRecovery(t *testing.T) {
 				counts[d.MessageID]++
 				if d.Attempt != 2 || !d.Redelivered {
 					t.Errorf("recovered %s with attempt %d", d.MessageID, d.Attempt)
+				}
+				if s := stored[d.MessageID]; s.IsZero() || !d.StoredAt.Equal(s) {
+					t.Errorf("recovered %s stored at %v, first delivered stored at %v", d.MessageID, d.StoredAt, s)
 				}
 			}
 			b.Ack(leaseIDs(ds)...)

@@ -77,6 +77,8 @@
 //     copy will be delivered with. Absent means 1.
 //   - TagMessageID ("_kmqp_msgid"): on a re-enqueued copy, the MessageID of the original, so
 //     Delivery.MessageID is stable across redeliveries.
+//   - TagStored ("_kmqp_stored"): on a re-enqueued copy, when KubeMQ stored the original (Unix
+//     ns, decimal), so Delivery.StoredAt is stable too. Lease records carry it in their entries.
 //
 // Native KubeMQ consumers of a proxy queue see these messages and tags as they are.
 package delivery

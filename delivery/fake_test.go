@@ -81,6 +81,7 @@ func (f *fakeKubeMQ) promoteLocked(q *fakeQueue, now time.Time) time.Time {
 			delete(q.ids, d.m.ID)
 			q.seq++
 			d.m.Sequence = q.seq
+			d.m.Stored = now.UnixNano() // like KubeMQ: a delayed message becomes a new copy
 			q.ready = append(q.ready, d.m)
 			moved = true
 			continue
@@ -193,6 +194,7 @@ func (c *fakeClient) Send(ctx context.Context, queue string, msgs []Message) ([]
 		}
 		q.seq++
 		m.Sequence = q.seq
+		m.Stored = now.UnixNano() // each stored copy has its own time
 		q.ready = append(q.ready, m)
 	}
 	f.notifyLocked()

@@ -69,7 +69,7 @@ func (k kubemqDownstream) Get(ctx context.Context, queue string, maxItems int, w
 	msgs := make([]Message, len(tx.Messages))
 	for i := range tx.Messages {
 		m := &tx.Messages[i]
-		msgs[i] = Message{ID: m.MessageID, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags, Sequence: m.Attributes.Sequence}
+		msgs[i] = Message{ID: m.MessageID, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags, Sequence: m.Attributes.Sequence, Stored: unixNano(m.Attributes.Timestamp)}
 	}
 	return tx.ID, msgs, nil
 }
@@ -80,3 +80,11 @@ func (k kubemqDownstream) CloseByClient(_ context.Context, tx string) error {
 }
 func (k kubemqDownstream) Sync(ctx context.Context, tx string) error { return k.d.Sync(ctx, tx) }
 func (k kubemqDownstream) Close() error                              { return k.d.Close() }
+
+// unixNano is t in Unix ns, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}

@@ -439,10 +439,10 @@ func randomKeys(n int) []leaseKey {
 }
 
 // newLease makes a buffered lease from a received data message, taking the attempt and the
-// original id from the reserved tags and removing them.
+// original id and store time from the reserved tags and removing them.
 func newLease(k leaseKey, m *Message) *lease {
 	l := &lease{key: k, gen: 1, attempt: 1, hi: -1, fresh: true, seq: m.Sequence}
-	l.msg = Message{ID: m.ID, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags}
+	l.msg = Message{ID: m.ID, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags, Stored: m.Stored}
 	reserved := false
 	for k := range m.Tags {
 		if len(k) >= len(reservedPrefix) && k[:len(reservedPrefix)] == reservedPrefix {
@@ -462,6 +462,10 @@ func newLease(k leaseKey, m *Message) *lease {
 			}
 		case k == TagMessageID:
 			l.msg.ID = v
+		case k == TagStored:
+			if t, err := strconv.ParseInt(v, 10, 64); err == nil && t > 0 {
+				l.msg.Stored = t
+			}
 		case len(k) >= len(reservedPrefix) && k[:len(reservedPrefix)] == reservedPrefix:
 		default:
 			tags[k] = v

@@ -12,6 +12,7 @@ const (
 	TagRecord    = "_kmqp_record"
 	TagAttempt   = "_kmqp_attempt"
 	TagMessageID = "_kmqp_msgid"
+	TagStored    = "_kmqp_stored"
 
 	reservedPrefix = "_kmqp_"
 	recordVersion  = "1"
@@ -30,8 +31,10 @@ type leaseKey [16]byte
 //
 //	owner [16] | lease [16] | gen uvarint | attempt uvarint | expiresAt varint (Unix ms) |
 //	id, metadata, body: uvarint length + bytes each | tag count uvarint |
-//	per tag: key, value as uvarint length + bytes
+//	per tag: key, value as uvarint length + bytes | [stored varint (Unix ns)]
 //
+// stored, when KubeMQ stored the original message, is left out when unknown; a reader that
+// predates it ignores it, as it ignores any bytes after the fields it knows.
 // There is no header: the version lives in the TagRecord value.
 
 // entryFixed is the size of the fixed part of an entry (owner and lease).
@@ -51,6 +54,7 @@ type entry struct {
 	expiresAt int64  // Unix ms
 	raw       []byte // the whole encoded entry, length prefix included
 	msg       []byte // the encoded message fields (id .. tags), validated
+	stored    int64  // Message.Stored; 0 when absent
 }
 
 // recordEntry is what the writer encodes.
@@ -83,6 +87,9 @@ func (e *recordEntry) size() int {
 	for k, v := range e.msg.Tags {
 		n += strLen(len(k)) + strLen(len(v))
 	}
+	if e.msg.Stored != 0 {
+		n += uvarintLen(zigzag(e.msg.Stored))
+	}
 	return n
 }
 
@@ -103,6 +110,9 @@ func appendEntry(b []byte, e *recordEntry) []byte {
 	for k, v := range e.msg.Tags {
 		b = appendStr(b, k)
 		b = appendStr(b, v)
+	}
+	if e.msg.Stored != 0 {
+		b = binary.AppendVarint(b, e.msg.Stored)
 	}
 	return b
 }
@@ -218,8 +228,13 @@ func decodeEntry(b []byte) (entry, error) {
 	if r.err != nil {
 		return e, r.err
 	}
-	// Bytes after the known fields are ignored: room for later versions.
 	e.msg = r.b[start:r.off]
+	if r.off < len(r.b) {
+		if v := r.varint(); r.err == nil {
+			e.stored = v
+		}
+	}
+	// Bytes after the known fields are ignored: room for later versions.
 	return e, nil
 }
 
@@ -227,7 +242,7 @@ func decodeEntry(b []byte) (entry, error) {
 // record's buffer.
 func (e *entry) message() Message {
 	r := reader{b: e.msg}
-	var m Message
+	m := Message{Stored: e.stored}
 	m.ID = string(r.bytes())
 	m.Metadata = string(r.bytes())
 	if b := r.bytes(); len(b) > 0 {

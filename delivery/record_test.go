@@ -15,7 +15,7 @@ func testEntry(i int) *recordEntry {
 	return &recordEntry{
 		owner: o, lease: k, gen: uint32(i + 1), attempt: uint32(i%5 + 1), expiresAt: int64(1700000000000 + i),
 		msg: &Message{ID: "id-" + string(rune('a'+i%26)), Metadata: "meta", Body: bytes.Repeat([]byte{byte(i)}, i),
-			Tags: map[string]string{"a": "1", "b": strings.Repeat("x", i)}},
+			Tags: map[string]string{"a": "1", "b": strings.Repeat("x", i)}, Stored: int64(i%3) * 1_700_000_000_123_456_789},
 	}
 }
 
@@ -56,7 +56,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		}
 		m := e.message()
 		if m.ID != want.msg.ID || m.Metadata != want.msg.Metadata || !bytes.Equal(m.Body, want.msg.Body) ||
-			!maps.Equal(m.Tags, want.msg.Tags) {
+			!maps.Equal(m.Tags, want.msg.Tags) || m.Stored != want.msg.Stored {
 			t.Errorf("entry %d message = %+v, want %+v", i, m, *want.msg)
 		}
 	}

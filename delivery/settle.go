@@ -131,18 +131,22 @@ func (c *Consumer) redeliver(ls []*lease) error {
 }
 
 // copyOf builds the fresh copy that replaces l in the queue: a new unique MessageID, the next
-// attempt (the same one for a lease nobody was handed) and the original id in reserved tags.
+// attempt (the same one for a lease nobody was handed), the original id and store time in
+// reserved tags.
 func (c *Consumer) copyOf(l *lease) Message {
 	attempt := l.attempt
 	if !l.fresh {
 		attempt++
 	}
-	tags := make(map[string]string, len(l.msg.Tags)+2)
+	tags := make(map[string]string, len(l.msg.Tags)+3)
 	for k, v := range l.msg.Tags {
 		tags[k] = v
 	}
 	tags[TagAttempt] = strconv.FormatUint(uint64(attempt), 10)
 	tags[TagMessageID] = l.msg.ID
+	if l.msg.Stored != 0 {
+		tags[TagStored] = strconv.FormatInt(l.msg.Stored, 10)
+	}
 	return Message{ID: c.ids.next(), Metadata: l.msg.Metadata, Body: l.msg.Body, Tags: tags}
 }
 
@@ -159,5 +163,6 @@ func (l *lease) delivery() *Delivery {
 		Body:        l.msg.Body,
 		Tags:        l.msg.Tags,
 		Sequence:    l.seq,
+		StoredAt:    storedAt(l.msg.Stored),
 	}
 }

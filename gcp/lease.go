@@ -379,7 +379,7 @@ func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time
 	r.setDeadlineLocked(l, now.Add(deadline))
 	rm := &pubsubpb.ReceivedMessage{
 		AckId:   ackID(l.d.LeaseID, l.gen),
-		Message: decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, now),
+		Message: decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, l.d.StoredAt, now),
 	}
 	if e.proto.GetDeadLetterPolicy() != nil {
 		rm.DeliveryAttempt = int32(l.attempt)
@@ -809,7 +809,7 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease) {
 	if err == nil {
 		msgs := make([]*pubsubpb.PubsubMessage, len(ls))
 		for i, l := range ls {
-			m := decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, time.Now())
+			m := decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, l.d.StoredAt, time.Now())
 			attrs := make(map[string]string, len(m.Attributes)+4)
 			for k, v := range m.Attributes {
 				attrs[k] = v

@@ -51,9 +51,13 @@ func encodeTags(attrs map[string]string, id, published, orderingKey string) map[
 }
 
 // decodeMessage rebuilds the Pub/Sub message from a stored body and tags.
-// A message a native producer wrote (no reserved tags) gets fallback as
-// id and stored as publish time.
-func decodeMessage(body []byte, tags map[string]string, fallbackID string, stored time.Time) *pubsubpb.PubsubMessage {
+// A message a native producer wrote to a subscription's queue (no reserved
+// tags) gets fallback as id and stored (when KubeMQ stored it) as publish
+// time; now when stored is unknown.
+func decodeMessage(body []byte, tags map[string]string, fallbackID string, stored, now time.Time) *pubsubpb.PubsubMessage {
+	if stored.IsZero() {
+		stored = now
+	}
 	m := &pubsubpb.PubsubMessage{Data: body, MessageId: fallbackID}
 	pt := stored
 	for k, v := range tags {

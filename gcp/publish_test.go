@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,5 +201,76 @@ func TestPublishErrors(t *testing.T) {
 	}
 	if got := e.waiting(ctx, sid); got != 1 {
 		t.Fatalf("queue holds %d messages, want only the marker", got)
+	}
+}
+
+// TestNativeQueueToSubscriber: a native KubeMQ producer that writes to a
+// subscription's queue (gcp.sub.{sub}) reaches its Pub/Sub subscribers:
+// body as data, tags as attributes, the KubeMQ message id as message id and
+// the store time as publish time, both kept when the message is nacked and
+// delivered again.
+func TestNativeQueueToSubscriber(t *testing.T) {
+	e := startEnv(t)
+	ctx := ctxT(t, 60*time.Second)
+	tid, sid := e.id("native-t"), e.id("native-s")
+	e.createTopic(ctx, tid)
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid)})
+	before := time.Now().Add(-time.Second)
+	res, err := e.kc.SendQueueMessages(ctx, []kubemqclient.QueueMessage{
+		{Channel: kubemqclient.Channel("gcp.sub", sid), Body: []byte("native-0"), Tags: map[string]string{"color": "red"}},
+		{MessageID: "native-id-1", Channel: kubemqclient.Channel("gcp.sub", sid), Body: []byte("native-1")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]string{"native-0": res[0].MessageID, "native-1": "native-id-1"}
+	type seen struct {
+		id  string
+		pub time.Time
+		n   int
+	}
+	got := map[string]*seen{}
+	rctx, cancel := context.WithCancel(ctx)
+	var mu sync.Mutex
+	err = e.v2().Subscriber(sid).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		s := got[string(m.Data)]
+		if s == nil {
+			s = &seen{id: m.ID, pub: m.PublishTime}
+			got[string(m.Data)] = s
+			if string(m.Data) == "native-0" && m.Attributes["color"] != "red" {
+				t.Errorf("attributes %v, want the tags", m.Attributes)
+			}
+			if len(m.Attributes) > 1 {
+				t.Errorf("%s: attributes %v carry more than the native tags", m.Data, m.Attributes)
+			}
+		} else if m.ID != s.id || !m.PublishTime.Equal(s.pub) {
+			t.Errorf("%s redelivered as id %s published %v, first %s %v", m.Data, m.ID, m.PublishTime, s.id, s.pub)
+		}
+		s.n++
+		if s.n == 1 {
+			m.Nack()
+			return
+		}
+		m.Ack()
+		if len(got) == 2 && got["native-0"].n >= 2 && got["native-1"].n >= 2 {
+			cancel()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for body, want := range ids {
+		s := got[body]
+		if s == nil || s.n < 2 {
+			t.Fatalf("%s: %+v, want a delivery and a redelivery", body, s)
+		}
+		if s.id != want {
+			t.Errorf("%s: message id %q, want KubeMQ's %q", body, s.id, want)
+		}
+		if s.pub.Before(before) || s.pub.After(time.Now()) {
+			t.Errorf("%s: publish time %v, want the store time", body, s.pub)
+		}
 	}
 }

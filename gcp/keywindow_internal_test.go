@@ -183,6 +183,50 @@ func TestDeadLetterKeepsKeyOrder(t *testing.T) {
 	}
 }
 
+// TestDeadLetterFailureKeepsKeyOrder: when the dead-letter topic is gone,
+// a message of an ordered key that used up its attempts is not delivered
+// again (its key went on without it, so it would arrive behind later
+// messages); dead-lettering is tried again until the topic is back.
+func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
+	e := newRTEnv(t, Config{})
+	e.createTopic("t")
+	e.createTopic("dlq")
+	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t"),
+		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topic("dlq"), MaxDeliveryAttempts: 5}})
+	if _, err := (&publisher{s: e.s}).DeleteTopic(e.ctx, &pubsubpb.DeleteTopicRequest{Topic: e.topic("dlq")}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("t", "k", 0, 2)
+	f := newFlow(100, 0)
+	for attempt := 1; attempt <= 5; attempt++ {
+		ms := e.take(rt, f, 2)
+		if got := nums(ms); !slices.Equal(got, []int{0, 1}) {
+			t.Fatalf("attempt %d: got %v, want [0 1]", attempt, got)
+		}
+		rt.ack([]string{ms[1].AckId}) // held behind 0
+		rt.modack([]string{ms[0].AckId}, 0)
+	}
+	// 0 failed its last attempt and could not be dead-lettered; 1 was
+	// acked. The key goes on with 2, and 0 must not come back.
+	e.publish("t", "k", 2, 1)
+	if got := nums(e.take(rt, f, 1)); !slices.Equal(got, []int{2}) {
+		t.Fatalf("after the failed dead-lettering: got %v, want [2]", got)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 2500*time.Millisecond) // past the first retry (1 s)
+	more, err := rt.fetch(ctx, 10, f, 60*time.Second)
+	cancel()
+	if len(more) > 0 || err == nil {
+		t.Fatalf("delivered again: %v (err %v), want nothing until the fetch times out", nums(more), err)
+	}
+	// The topic is back: the next retry (after 2 s) dead-letters 0.
+	e.createTopic("dlq")
+	dl := e.createSub(&pubsubpb.Subscription{Name: e.sub("dl"), Topic: e.topic("dlq")})
+	got := e.take(dl, newFlow(100, 0), 1)
+	if nums(got)[0] != 0 || got[0].GetMessage().GetAttributes()[attrDLSourceDeliveryCount] != "5" {
+		t.Fatalf("dead-letter subscription got %v %v", nums(got), got[0].GetMessage().GetAttributes())
+	}
+}
+
 // TestStaleNackAfterRewind: two nacks of one subscription run at
 // once (two streams, or a stream and a unary ModifyAckDeadline). modack
 // looks its leases up under the lock and fails them after unlocking it.

@@ -734,7 +734,7 @@ func (r *subRuntime) fail(fs []failure, expired bool) {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			r.deadLetter(e, dead)
+			r.deadLetter(e, dead, 0)
 		}()
 	}
 }
@@ -791,9 +791,15 @@ const (
 
 // deadLetter republishes each message to the dead-letter topic through the
 // normal publish path, then acks the original. When that is impossible
-// (topic gone, backend down) the message is redelivered instead: it is
-// never dropped.
-func (r *subRuntime) deadLetter(e *subEntry, ls []*lease) {
+// (topic gone, backend down) the message is never dropped:
+//   - on an ordered subscription it stays out of circulation and
+//     dead-lettering is tried again after a backoff (tries counts the
+//     failures so far), as its key's later messages have gone on without
+//     it: delivering it again would put it behind them. Its lease record
+//     keeps it durable meanwhile. Should the subscription lose its
+//     dead-letter policy, it is delivered again;
+//   - otherwise it is delivered again, and dead-lettered when that fails.
+func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sn, _ := names.ParseSubscription(e.proto.GetName())
@@ -824,10 +830,40 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease) {
 		}
 		_, err = r.s.publish(ctx, t, msgs)
 	}
-	ids := make([]string, len(ls))
+	ids := make([]string, 0, len(ls))
 	r.mu.Lock()
-	for i, l := range ls {
-		ids[i] = l.d.LeaseID
+	if err != nil && r.ordered && !r.closed && e.proto.GetDeadLetterPolicy() != nil {
+		var keep []*lease // those a reset (backend outage) has not dropped
+		for _, l := range ls {
+			if r.leases[l.d.LeaseID] == l {
+				keep = append(keep, l)
+			}
+		}
+		r.mu.Unlock()
+		if len(keep) == 0 {
+			return
+		}
+		delay := min(time.Second<<min(tries, 6), time.Minute)
+		r.s.log.Warn("dead-lettering failed; tried again later", zap.String("subscription", r.id),
+			zap.Int("messages", len(keep)), zap.Duration("in", delay), zap.Error(err))
+		r.wg.Add(1) // while this call's own count holds the group open
+		go func() {
+			defer r.wg.Done()
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-r.done:
+				return // closed: its leases were released or settled
+			case <-t.C:
+			}
+			if e := r.entry(); e != nil {
+				r.deadLetter(e, keep, tries+1)
+			}
+		}()
+		return
+	}
+	for _, l := range ls {
+		ids = append(ids, l.d.LeaseID)
 		if r.leases[l.d.LeaseID] == l {
 			r.forgetLocked(l, false)
 		}

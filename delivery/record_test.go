@@ -177,6 +177,11 @@ func FuzzDecodeRecord(f *testing.F) {
 			if err != nil || len(again) != len(es) {
 				t.Fatalf("re-decode: %d entries, %v", len(again), err)
 			}
+			for i := range es {
+				if again[i].stored != es[i].stored || again[i].gen != es[i].gen || !bytes.Equal(again[i].msg, es[i].msg) {
+					t.Fatalf("entry %d changed when re-encoded from its raw bytes", i)
+				}
+			}
 		}
 	})
 }

@@ -151,6 +151,16 @@ func leaseOf(rt *subRuntime, ackID string) *lease {
 	return rt.leases[lid]
 }
 
+// deadLetteredSub creates topics "t" and "dlq" and the ordered
+// subscription "s" on t that dead-letters to dlq after 5 attempts.
+func (e *rtEnv) deadLetteredSub() *subRuntime {
+	e.t.Helper()
+	e.createTopic("t")
+	e.createTopic("dlq")
+	return e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t"),
+		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topic("dlq"), MaxDeliveryAttempts: 5}})
+}
+
 // TestDeadLetterKeepsKeyOrder: the last attempt of two messages of one
 // key fails in one call (a client's batched nack, ids in any order; or two
 // leases expiring together, popped from the heap in any order). Both go to
@@ -159,11 +169,8 @@ func leaseOf(rt *subRuntime, ackID string) *lease {
 // and delivery_attempt counts those deliveries.
 func TestDeadLetterKeepsKeyOrder(t *testing.T) {
 	e := newRTEnv(t, Config{})
-	e.createTopic("t")
-	e.createTopic("dlq")
+	rt := e.deadLetteredSub()
 	dl := e.createSub(&pubsubpb.Subscription{Name: e.sub("dl"), Topic: e.topic("dlq")})
-	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t"),
-		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topic("dlq"), MaxDeliveryAttempts: 5}})
 	e.publish("t", "k", 0, 2)
 	f := newFlow(100, 0)
 	for attempt := 1; attempt <= 5; attempt++ {
@@ -189,10 +196,7 @@ func TestDeadLetterKeepsKeyOrder(t *testing.T) {
 // messages); dead-lettering is tried again until the topic is back.
 func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 	e := newRTEnv(t, Config{})
-	e.createTopic("t")
-	e.createTopic("dlq")
-	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t"),
-		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topic("dlq"), MaxDeliveryAttempts: 5}})
+	rt := e.deadLetteredSub()
 	if _, err := (&publisher{s: e.s}).DeleteTopic(e.ctx, &pubsubpb.DeleteTopicRequest{Topic: e.topic("dlq")}); err != nil {
 		t.Fatal(err)
 	}

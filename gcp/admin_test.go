@@ -191,7 +191,8 @@ func TestSubscriptionAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.AckDeadlineSeconds != 10 || s.MessageRetentionDuration.AsDuration() != 7*24*time.Hour || s.Topic != e.topicName(tid) || s.State != pubsubpb.Subscription_ACTIVE {
+	if s.AckDeadlineSeconds != 10 || s.MessageRetentionDuration.AsDuration() != 7*24*time.Hour || s.Topic != e.topicName(tid) || s.State != pubsubpb.Subscription_ACTIVE ||
+		s.PushConfig == nil || s.PushConfig.PushEndpoint != "" {
 		t.Fatalf("defaults: %v", s)
 	}
 	_, err = sa.CreateSubscription(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid)})

@@ -35,6 +35,12 @@ func (s *Server) renderSub(e *subEntry, project string) *pubsubpb.Subscription {
 	} else {
 		out.Topic = names.DeletedTopic
 	}
+	if out.PushConfig == nil {
+		// Google reports a pull subscription with an empty push config
+		// ("an empty pushConfig signifies ... pull"); clients read
+		// pushConfig.pushEndpoint without a nil check.
+		out.PushConfig = &pubsubpb.PushConfig{}
+	}
 	return out
 }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -188,6 +189,9 @@ func TestDeadLetterKeepsKeyOrder(t *testing.T) {
 	if !slices.Equal(got, []int{0, 1}) {
 		t.Fatalf("dead-letter subscription got key k as %v, want [0 1]", got)
 	}
+	if n, f := testutil.ToFloat64(rt.deadLettered), testutil.ToFloat64(rt.dlFailed); n != 2 || f != 0 {
+		t.Errorf("dead_lettered_messages_total %v, dead_letter_failures_total %v, want 2 and 0", n, f)
+	}
 }
 
 // TestDeadLetterFailureKeepsKeyOrder: when the dead-letter topic is gone,
@@ -222,12 +226,18 @@ func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 	if len(more) > 0 || err == nil {
 		t.Fatalf("delivered again: %v (err %v), want nothing until the fetch times out", nums(more), err)
 	}
+	if n, f := testutil.ToFloat64(rt.deadLettered), testutil.ToFloat64(rt.dlFailed); n != 0 || f < 2 {
+		t.Errorf("dead_lettered_messages_total %v, dead_letter_failures_total %v, want 0 and at least 2 (a retry after 1 s)", n, f)
+	}
 	// The topic is back: the next retry (after 2 s) dead-letters 0.
 	e.createTopic("dlq")
 	dl := e.createSub(&pubsubpb.Subscription{Name: e.sub("dl"), Topic: e.topic("dlq")})
 	got := e.take(dl, newFlow(100, 0), 1)
 	if nums(got)[0] != 0 || got[0].GetMessage().GetAttributes()[attrDLSourceDeliveryCount] != "5" {
 		t.Fatalf("dead-letter subscription got %v %v", nums(got), got[0].GetMessage().GetAttributes())
+	}
+	if n := testutil.ToFloat64(rt.deadLettered); n != 1 {
+		t.Errorf("dead_lettered_messages_total %v, want 1", n)
 	}
 }
 

@@ -136,6 +136,7 @@ type subRuntime struct {
 
 	// Metrics of this subscription (its label is bounded by metrics.sub).
 	delivered, deliveredBytes, acked, nacked, expired prometheus.Counter
+	deadLettered, dlFailed                            prometheus.Counter
 
 	mu      sync.Mutex // guards everything below
 	leases  map[string]*lease
@@ -172,6 +173,8 @@ func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 		acked:          s.m.acked.WithLabelValues(label),
 		nacked:         s.m.nacked.WithLabelValues(label),
 		expired:        s.m.expired.WithLabelValues(label),
+		deadLettered:   s.m.deadLettered.WithLabelValues(label),
+		dlFailed:       s.m.dlFailed.WithLabelValues(label),
 		leases:         map[string]*lease{},
 		keys:           map[string]*keyState{},
 		ordered:        e.proto.GetEnableMessageOrdering(),
@@ -830,6 +833,9 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 		}
 		_, err = r.s.publish(ctx, t, msgs)
 	}
+	if err != nil {
+		r.dlFailed.Add(float64(len(ls)))
+	}
 	ids := make([]string, 0, len(ls))
 	r.mu.Lock()
 	if err != nil && r.ordered && !r.closed && e.proto.GetDeadLetterPolicy() != nil {
@@ -876,6 +882,7 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 		}
 		return
 	}
+	r.deadLettered.Add(float64(len(ls)))
 	r.h.Ack(ids...)
 }
 

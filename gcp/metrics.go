@@ -27,6 +27,7 @@ type metrics struct {
 	published, publishedBytes *prometheus.CounterVec // topic
 	delivered, deliveredBytes *prometheus.CounterVec // subscription
 	acked, nacked, expired    *prometheus.CounterVec // subscription
+	deadLettered, dlFailed    *prometheus.CounterVec // subscription
 	rpcs                      *prometheus.CounterVec // method, code
 	streams                   prometheus.Gauge
 	openStreams               atomic.Int64 // the streams gauge's value, for State
@@ -46,6 +47,8 @@ func newMetrics() *metrics {
 		acked:          cv("acked_messages_total", "Deliveries acknowledged.", "subscription"),
 		nacked:         cv("nacked_messages_total", "Deliveries nacked (modify ack deadline 0).", "subscription"),
 		expired:        cv("expired_messages_total", "Deliveries whose ack deadline passed.", "subscription"),
+		deadLettered:   cv("dead_lettered_messages_total", "Messages forwarded to the subscription's dead-letter topic (and so acked here).", "subscription"),
+		dlFailed:       cv("dead_letter_failures_total", "Failed forwardings to the dead-letter topic (the message is delivered again, or on an ordered subscription forwarded again later).", "subscription"),
 		rpcs:           cv("rpcs_total", "Finished RPCs by method and gRPC status code.", "method", "code"),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricPrefix + "streaming_pulls",
 			Help: "Open StreamingPull streams."}),
@@ -57,7 +60,7 @@ func newMetrics() *metrics {
 // register adds the metrics and a collector of the lease gauges to reg.
 func (m *metrics) register(reg prometheus.Registerer, s *Server) error {
 	for _, c := range []prometheus.Collector{m.published, m.publishedBytes, m.delivered, m.deliveredBytes,
-		m.acked, m.nacked, m.expired, m.rpcs, m.streams, leaseCollector{s}} {
+		m.acked, m.nacked, m.expired, m.deadLettered, m.dlFailed, m.rpcs, m.streams, leaseCollector{s}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

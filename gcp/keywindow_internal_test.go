@@ -229,6 +229,11 @@ func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 	if n, f := testutil.ToFloat64(rt.deadLettered), testutil.ToFloat64(rt.dlFailed); n != 0 || f < 2 {
 		t.Errorf("dead_lettered_messages_total %v, dead_letter_failures_total %v, want 0 and at least 2 (a retry after 1 s)", n, f)
 	}
+	for _, ss := range e.s.State().(State).Subscriptions {
+		if ss.ID == "sub-s" && (ss.DeadLettering != 1 || ss.Out != 1) {
+			t.Errorf("/state of the subscription: %+v, want 1 dead-lettering and 1 (message 2) out", ss)
+		}
+	}
 	// The topic is back: the next retry (after 2 s) dead-letters 0.
 	e.createTopic("dlq")
 	dl := e.createSub(&pubsubpb.Subscription{Name: e.sub("dl"), Topic: e.topic("dlq")})
@@ -399,8 +404,12 @@ func checkKeys(rt *subRuntime, seq func(*lease) int) error {
 		}
 	}
 	for _, l := range rt.leases {
-		if l.key != "" && !seen[l] && l.state != leasePending {
+		// Only a message being dead-lettered has left its key.
+		if l.key != "" && !seen[l] && l.state != leaseDeadLetter {
 			return fmt.Errorf("lease %d (state %d) in no window or pending list", seq(l), l.state)
+		}
+		if seen[l] && l.state == leaseDeadLetter {
+			return fmt.Errorf("lease %d is being dead-lettered but still in its key", seq(l))
 		}
 		if (l.state == leaseOut || l.state == leaseBackoff) != inHeap[l] {
 			return fmt.Errorf("lease %d state %d, in heap %v", seq(l), l.state, inHeap[l])

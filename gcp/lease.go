@@ -45,11 +45,12 @@ func parseAckID(id string) (leaseID string, gen uint32, ok bool) {
 type leaseState uint8
 
 const (
-	leaseOut     leaseState = iota + 1 // handed to a client, deadline running
-	leasePending                       // ordered: waits behind earlier messages of its key
-	leaseBackoff                       // ordered: failed, waiting out its retry backoff
-	leaseReady                         // ordered: may be handed out (again)
-	leaseAcked                         // ordered: acked, settled once every earlier message of its key is
+	leaseOut        leaseState = iota + 1 // handed to a client, deadline running
+	leasePending                          // ordered: waits behind earlier messages of its key
+	leaseBackoff                          // ordered: failed, waiting out its retry backoff
+	leaseReady                            // ordered: may be handed out (again)
+	leaseAcked                            // ordered: acked, settled once every earlier message of its key is
+	leaseDeadLetter                       // out of attempts: being forwarded to the dead-letter topic
 )
 
 // lease is this package's view of one engine delivery. Owned by
@@ -684,7 +685,7 @@ func (r *subRuntime) fail(fs []failure, expired bool) {
 			// key's later messages go on as they are, since it will not
 			// come again. Forgotten once the dead-letter copy is stored.
 			r.unheapLocked(l)
-			l.state = leasePending
+			l.state = leaseDeadLetter
 			l.flow.release(l, !expired)
 			l.flow = nil
 			if ks != nil {

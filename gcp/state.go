@@ -30,6 +30,10 @@ type SubState struct {
 	Out     int `json:"out"`
 	Waiting int `json:"waiting,omitempty"`
 	Acked   int `json:"acked_held,omitempty"`
+	// DeadLettering: out of their last attempt, being forwarded to the
+	// dead-letter topic (on an ordered subscription, also while that
+	// fails and is tried again).
+	DeadLettering int `json:"dead_lettering,omitempty"`
 	// Ordering recovery after a restart or an outage: keys held back, and
 	// messages known to be on their way back from lease records.
 	RecoveringUntil *time.Time `json:"recovering_until,omitempty"`
@@ -61,6 +65,8 @@ func (s *Server) State() any {
 					ss.Out++
 				case leaseAcked:
 					ss.Acked++
+				case leaseDeadLetter:
+					ss.DeadLettering++
 				default:
 					ss.Waiting++
 				}

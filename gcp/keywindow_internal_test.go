@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -152,6 +153,16 @@ func leaseOf(rt *subRuntime, ackID string) *lease {
 	return rt.leases[lid]
 }
 
+// waitCount waits up to 10 s for c to reach want and returns its value:
+// the dead-letter counters move after the copy is stored (or refused),
+// which a delivery on the dead-letter subscription may precede.
+func waitCount(c prometheus.Counter, want float64) float64 {
+	for end := time.Now().Add(10 * time.Second); testutil.ToFloat64(c) < want && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return testutil.ToFloat64(c)
+}
+
 // deadLetteredSub creates topics "t" and "dlq" and the ordered
 // subscription "s" on t that dead-letters to dlq after 5 attempts.
 func (e *rtEnv) deadLetteredSub() *subRuntime {
@@ -189,7 +200,7 @@ func TestDeadLetterKeepsKeyOrder(t *testing.T) {
 	if !slices.Equal(got, []int{0, 1}) {
 		t.Fatalf("dead-letter subscription got key k as %v, want [0 1]", got)
 	}
-	if n, f := testutil.ToFloat64(rt.deadLettered), testutil.ToFloat64(rt.dlFailed); n != 2 || f != 0 {
+	if n, f := waitCount(rt.deadLettered, 2), testutil.ToFloat64(rt.dlFailed); n != 2 || f != 0 {
 		t.Errorf("dead_lettered_messages_total %v, dead_letter_failures_total %v, want 2 and 0", n, f)
 	}
 }
@@ -226,7 +237,7 @@ func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 	if len(more) > 0 || err == nil {
 		t.Fatalf("delivered again: %v (err %v), want nothing until the fetch times out", nums(more), err)
 	}
-	if n, f := testutil.ToFloat64(rt.deadLettered), testutil.ToFloat64(rt.dlFailed); n != 0 || f < 2 {
+	if f, n := waitCount(rt.dlFailed, 2), testutil.ToFloat64(rt.deadLettered); n != 0 || f < 2 {
 		t.Errorf("dead_lettered_messages_total %v, dead_letter_failures_total %v, want 0 and at least 2 (a retry after 1 s)", n, f)
 	}
 	for _, ss := range e.s.State().(State).Subscriptions {
@@ -241,7 +252,7 @@ func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 	if nums(got)[0] != 0 || got[0].GetMessage().GetAttributes()[attrDLSourceDeliveryCount] != "5" {
 		t.Fatalf("dead-letter subscription got %v %v", nums(got), got[0].GetMessage().GetAttributes())
 	}
-	if n := testutil.ToFloat64(rt.deadLettered); n != 1 {
+	if n := waitCount(rt.deadLettered, 1); n != 1 {
 		t.Errorf("dead_lettered_messages_total %v, want 1", n)
 	}
 }

@@ -30,7 +30,7 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
-// rtEnv is a front-end (not serving) over an in-process KubeMQ.
+// rtEnv is a front-end (not serving) over the suite's KubeMQ.
 type rtEnv struct {
 	t   *testing.T
 	s   *Server
@@ -42,9 +42,20 @@ func newRTEnv(t *testing.T, cfg Config) *rtEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	log := zaptest.NewLogger(t)
-	_, ksrv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
-	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: "embedded", Conn: ksrv.Channel(embedded.SharePayloads()), Logger: log.Named("kubemq"),
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond})
+	opts := kubemqclient.Options{Logger: log.Named("kubemq"),
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, PingInterval: 200 * time.Millisecond}
+	// $KUBEMQ_ADDRESS, else an embedded server, reached as the other gcp
+	// suites reach it (in process unless $KUBEMQ_LINK=tcp).
+	if kubemqtest.External() {
+		opts.Address = kubemqtest.Address(t)
+	} else {
+		addr, ksrv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		opts.Address = addr
+		if kubemqtest.InProcess(true) {
+			opts.Conn = ksrv.Channel(embedded.SharePayloads())
+		}
+	}
+	kc, err := kubemqclient.Dial(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -837,7 +837,6 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 	if err != nil {
 		r.dlFailed.Add(float64(len(ls)))
 	}
-	ids := make([]string, 0, len(ls))
 	r.mu.Lock()
 	if err != nil && r.ordered && !r.closed && e.proto.GetDeadLetterPolicy() != nil {
 		var keep []*lease // those a reset (backend outage) has not dropped
@@ -847,28 +846,12 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 			}
 		}
 		r.mu.Unlock()
-		if len(keep) == 0 {
-			return
+		if len(keep) > 0 {
+			r.deadLetterLater(keep, tries, err)
 		}
-		delay := min(time.Second<<min(tries, 6), time.Minute)
-		r.s.log.Warn("dead-lettering failed; tried again later", zap.String("subscription", r.id),
-			zap.Int("messages", len(keep)), zap.Duration("in", delay), zap.Error(err))
-		r.wg.Add(1) // while this call's own count holds the group open
-		go func() {
-			defer r.wg.Done()
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-r.done:
-				return // closed: its leases were released or settled
-			case <-t.C:
-			}
-			if e := r.entry(); e != nil {
-				r.deadLetter(e, keep, tries+1)
-			}
-		}()
 		return
 	}
+	ids := make([]string, 0, len(ls))
 	for _, l := range ls {
 		ids = append(ids, l.d.LeaseID)
 		if r.leases[l.d.LeaseID] == l {
@@ -885,6 +868,30 @@ func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
 	}
 	r.deadLettered.Add(float64(len(ls)))
 	r.h.Ack(ids...)
+}
+
+// deadLetterLater tries dead-lettering ls again after a backoff that
+// grows with tries (1 s doubling to 1 min), unless the runtime closes
+// first (its leases were then released or settled). Called from a
+// deadLetter call, whose own count holds r.wg open for the Add.
+func (r *subRuntime) deadLetterLater(ls []*lease, tries int, cause error) {
+	delay := min(time.Second<<min(tries, 6), time.Minute)
+	r.s.log.Warn("dead-lettering failed; tried again later", zap.String("subscription", r.id),
+		zap.Int("messages", len(ls)), zap.Duration("in", delay), zap.Error(cause))
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-r.done:
+			return
+		case <-t.C:
+		}
+		if e := r.entry(); e != nil {
+			r.deadLetter(e, ls, tries+1)
+		}
+	}()
 }
 
 // sweep expires ack deadlines and ends ordered backoffs.

@@ -133,7 +133,7 @@ func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, Logger: log.Named("embedded")}
+	opts := embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, ScanDelays: cfg.Embedded.ScanDelays, Logger: log.Named("embedded")}
 	if cfg.Embedded.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.Embedded.TLSCertFile, cfg.Embedded.TLSKeyFile)
 		if err != nil {

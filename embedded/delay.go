@@ -1,9 +1,13 @@
 package embedded
 
 import (
+	"cmp"
 	"container/heap"
+	"slices"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -36,42 +40,75 @@ func (h *delayHeap) Pop() any {
 	return x
 }
 
-// delayer moves delayed messages into their queues when they are due. Unlike the real server's
-// 500 ms scan with 1024 in-flight slots keyed by MessageID (kubemq-api.md 9.1), it keeps a heap
-// with its own ids and a timer for the earliest due time: delays are exact to the timer's
-// resolution, there is no head-of-line blocking and a repeated MessageID loses nothing.
+// The real server's delay processor (kubemq-api.md 9.1), which Options.ScanDelays models: it
+// holds at most scanSlots delayed messages, the earliest sent, and every scanInterval re-sends
+// those that are due.
+const (
+	scanSlots    = 1024
+	scanInterval = 500 * time.Millisecond
+)
+
+// delayer moves delayed messages into their queues when they are due. By default, unlike the
+// real server's 500 ms scan with 1024 in-flight slots keyed by MessageID (kubemq-api.md 9.1), it
+// keeps a heap with its own ids and a timer for the earliest due time: delays are exact to the
+// timer's resolution, there is no head-of-line blocking and a repeated MessageID loses nothing.
+// With Options.ScanDelays it keeps the messages in send order and releases them as the real
+// processor does: every 500 ms, those due among the first 1024 (late by up to 500 ms, and
+// behind earlier sends with longer delays). Either way a MessageID sent again while an earlier
+// copy is still delayed is a hazard (the real server loses one of them): counted, and refused in
+// strict mode.
 type delayer struct {
 	s    *Server
-	mu   sync.Mutex // guards h and nextID
-	h    delayHeap
+	scan bool
+	mu   sync.Mutex     // guards h, fifo, ids and next
+	h    delayHeap      // exact mode
+	fifo []*delayed     // scan mode, in id (send) order
+	ids  map[string]int // pending copies by MessageID
 	next uint64
 	wake chan struct{}
 }
 
 func newDelayer(s *Server) *delayer {
-	return &delayer{s: s, wake: make(chan struct{}, 1)}
+	return &delayer{s: s, scan: s.opts.ScanDelays, ids: map[string]int{}, wake: make(chan struct{}, 1)}
 }
 
-// add stores m (Attributes.DelayedTo set) until it is due and returns the log position.
-func (d *delayer) add(m *kubemqpb.QueueMessage) uint64 {
+// add stores m (Attributes.DelayedTo set) until it is due and returns the log position. ok is
+// false when strict mode refuses m because a message with its MessageID is still delayed.
+func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 	d.mu.Lock()
+	if d.ids[m.MessageID] > 0 && d.s.violation(&d.s.strict.delayedID, "a delayed message reuses the MessageID of one still delayed",
+		zap.String("channel", m.Channel), zap.String("message_id", m.MessageID)) {
+		d.mu.Unlock()
+		return 0, false
+	}
 	d.next++
 	x := &delayed{id: d.next, due: m.Attributes.DelayedTo, m: m}
-	lsn, seg := d.s.logDelayAdd(x.id, m)
-	x.seg = seg
-	heap.Push(&d.h, x)
-	first := d.h[0] == x
+	lsn, x.seg = d.s.logDelayAdd(x.id, m)
+	d.ids[m.MessageID]++
+	first := true
+	if d.scan {
+		d.fifo = append(d.fifo, x)
+	} else {
+		heap.Push(&d.h, x)
+		first = d.h[0] == x
+	}
 	d.mu.Unlock()
-	if first {
+	if first && !d.scan {
 		d.kick()
 	}
-	return lsn
+	return lsn, true
 }
 
-// restore puts back a delayed message found in the log.
+// restore puts back a delayed message found in the log (before start).
 func (d *delayer) restore(id uint64, m *kubemqpb.QueueMessage, seg uint32) {
 	d.mu.Lock()
-	heap.Push(&d.h, &delayed{id: id, due: m.Attributes.DelayedTo, m: m, seg: seg})
+	x := &delayed{id: id, due: m.Attributes.DelayedTo, m: m, seg: seg}
+	if d.scan {
+		d.fifo = append(d.fifo, x)
+	} else {
+		heap.Push(&d.h, x)
+	}
+	d.ids[m.MessageID]++
 	if id > d.next {
 		d.next = id
 	}
@@ -88,10 +125,64 @@ func (d *delayer) kick() {
 func (d *delayer) len() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.h)
+	return len(d.h) + len(d.fifo)
 }
 
-func (d *delayer) start() { d.s.goTracked(d.run) }
+func (d *delayer) start() {
+	if d.scan {
+		d.mu.Lock()
+		slices.SortFunc(d.fifo, func(a, b *delayed) int { return cmp.Compare(a.id, b.id) })
+		d.mu.Unlock()
+		d.s.goTracked(d.runScan)
+		return
+	}
+	d.s.goTracked(d.run)
+}
+
+// forgetLocked drops the delivered messages from the MessageID count.
+func (d *delayer) forgetLocked(due []*delayed) {
+	for _, x := range due {
+		if d.ids[x.m.MessageID]--; d.ids[x.m.MessageID] <= 0 {
+			delete(d.ids, x.m.MessageID)
+		}
+	}
+}
+
+// runScan is the scan mode's loop: every scanInterval it delivers what is due among the first
+// scanSlots messages in send order.
+func (d *delayer) runScan() {
+	tick := time.NewTicker(scanInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.s.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := d.s.now().UnixNano()
+		var due []*delayed
+		d.mu.Lock()
+		window := min(len(d.fifo), scanSlots)
+		kept := d.fifo[:0]
+		for _, x := range d.fifo[:window] {
+			if x.due <= now {
+				due = append(due, x)
+			} else {
+				kept = append(kept, x)
+			}
+		}
+		if len(due) > 0 {
+			n := len(kept) + copy(d.fifo[len(kept):], d.fifo[window:])
+			clear(d.fifo[n:])
+			d.fifo = d.fifo[:n]
+		}
+		d.forgetLocked(due)
+		d.mu.Unlock()
+		if len(due) > 0 {
+			d.deliver(due, now)
+		}
+	}
+}
 
 func (d *delayer) run() {
 	timer := time.NewTimer(time.Hour)
@@ -104,6 +195,7 @@ func (d *delayer) run() {
 		for len(d.h) > 0 && d.h[0].due <= now {
 			due = append(due, heap.Pop(&d.h).(*delayed))
 		}
+		d.forgetLocked(due)
 		if len(d.h) > 0 {
 			wait = time.Duration(d.h[0].due - now)
 		}

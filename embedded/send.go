@@ -105,13 +105,23 @@ func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.S
 		return res, 0
 	}
 	if stored.Attributes.DelayedTo != 0 {
-		return res, s.delays.add(stored)
+		lsn, ok := s.delays.add(stored)
+		if !ok {
+			return refusedDelay(res), 0
+		}
+		return res, lsn
 	}
 	q := s.getQueue(m.Channel, true)
 	q.mu.Lock()
 	lsn := q.appendLocked(stored, now.UnixNano())
 	q.mu.Unlock()
 	return res, lsn
+}
+
+// refusedDelay turns the result of a delayed message that strict mode refused into an error.
+func refusedDelay(res *kubemqpb.SendQueueMessageResult) *kubemqpb.SendQueueMessageResult {
+	return &kubemqpb.SendQueueMessageResult{MessageID: res.MessageID, IsError: true,
+		Error: "strict mode: a message with this MessageID is still delayed; the real server loses one of them (kubemq-api.md 9.1)"}
 }
 
 // durable waits until the log holds everything up to lsn; on failure every result that was not
@@ -150,7 +160,12 @@ func (s *Server) sendBatch(msgs []*kubemqpb.QueueMessage) ([]*kubemqpb.SendQueue
 		}
 		var lsn uint64
 		if stored.Attributes.DelayedTo != 0 {
-			lsn = s.delays.add(stored)
+			var ok bool
+			if lsn, ok = s.delays.add(stored); !ok {
+				results[i] = refusedDelay(res)
+				haveErrors = true
+				continue
+			}
 		} else {
 			if q == nil || q.name != stored.Channel {
 				if q != nil {

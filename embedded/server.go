@@ -32,8 +32,12 @@ const maxGRPCMessage = 100 << 20
 // Options configure a Server. The zero value is an in-memory server with the real server's
 // defaults.
 type Options struct {
-	DataDir      string        // "" = in memory
-	Strict       bool          // refuse hazardous usage patterns (kubemq-api.md 8, 9)
+	DataDir string // "" = in memory
+	Strict  bool   // refuse hazardous usage patterns (kubemq-api.md 8, 9)
+	// ScanDelays releases delayed messages as the real server's delay processor does
+	// (kubemq-api.md 9.1): every 500 ms, those due among the 1024 earliest sent, rather than
+	// each exactly when due. For running tests against the real server's timing.
+	ScanDelays   bool
 	Logger       *zap.Logger   // nil = nop
 	Host         string        // PingResult.Host; default os hostname with dots as underscores
 	MaxRetention time.Duration // default 24h, like the real server

@@ -13,15 +13,17 @@ type StrictStats struct {
 	ForeignSettlement    int64 // settlement of a transaction that belongs to another stream
 	RepeatedSequence     int64 // a sequence listed twice in one AckRange/NAckRange/ReQueueRange
 	StreamEndedDuringGet int64 // a downstream stream ended (cancel or EOF) while a Get was waiting
+	RepeatedDelayedID    int64 // a delayed message sent with the MessageID of one still delayed
 }
 
 // Total is the sum of all counters.
 func (st StrictStats) Total() int64 {
-	return st.SecondTransaction + st.ForeignSettlement + st.RepeatedSequence + st.StreamEndedDuringGet
+	return st.SecondTransaction + st.ForeignSettlement + st.RepeatedSequence + st.StreamEndedDuringGet +
+		st.RepeatedDelayedID
 }
 
 type strictCounters struct {
-	secondTx, foreign, repeated, endedDuringGet atomic.Int64
+	secondTx, foreign, repeated, endedDuringGet, delayedID atomic.Int64
 }
 
 // StrictStats returns the counters of hazardous usage seen so far.
@@ -31,6 +33,7 @@ func (s *Server) StrictStats() StrictStats {
 		ForeignSettlement:    s.strict.foreign.Load(),
 		RepeatedSequence:     s.strict.repeated.Load(),
 		StreamEndedDuringGet: s.strict.endedDuringGet.Load(),
+		RepeatedDelayedID:    s.strict.delayedID.Load(),
 	}
 }
 

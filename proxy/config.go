@@ -104,6 +104,9 @@ type EmbeddedConfig struct {
 	DataDir string `mapstructure:"data_dir"`
 	// Strict refuses usage patterns that are hazardous on a real KubeMQ.
 	Strict bool `mapstructure:"strict"`
+	// ScanDelays releases delayed messages as a real KubeMQ does: every
+	// 500 ms, those due among the 1024 earliest sent (kubemq-api.md 9.1).
+	ScanDelays bool `mapstructure:"scan_delays"`
 	// TLSCertFile and TLSKeyFile (PEM) make `kubemq-proxy embedded` serve
 	// gRPC over TLS, like a KubeMQ with TLS enabled.
 	TLSCertFile string `mapstructure:"tls_cert_file"`

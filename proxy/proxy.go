@@ -116,7 +116,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 
 	address := p.cfg.KubeMQ.Address
 	if p.cfg.UseEmbedded() {
-		srv, err := embedded.New(embedded.Options{DataDir: p.cfg.Embedded.DataDir, Strict: p.cfg.Embedded.Strict, Logger: p.log.Named("embedded")})
+		srv, err := embedded.New(embedded.Options{DataDir: p.cfg.Embedded.DataDir, Strict: p.cfg.Embedded.Strict, ScanDelays: p.cfg.Embedded.ScanDelays, Logger: p.log.Named("embedded")})
 		if err != nil {
 			return fmt.Errorf("embedded server: %w", err)
 		}

@@ -33,13 +33,23 @@ func Address(t testing.TB) string {
 	return addr
 }
 
+// EnvScanDelays names the environment variable that, when not empty, makes every embedded
+// server of the tests release delayed messages as a real KubeMQ does (embedded.Options.ScanDelays
+// for StartEmbedded, --embedded.scan_delays for the binary): late by up to 500 ms, and behind the
+// 1024 earliest sent.
+const EnvScanDelays = "KUBEMQ_SCAN_DELAYS"
+
+// ScanDelays reports whether $KUBEMQ_SCAN_DELAYS is set.
+func ScanDelays() bool { return os.Getenv(EnvScanDelays) != "" }
+
 // StartEmbedded starts an embedded server with opts on 127.0.0.1:0 and stops it at t.Cleanup.
-// A nil opts.Logger becomes a zaptest logger.
+// A nil opts.Logger becomes a zaptest logger; $KUBEMQ_SCAN_DELAYS sets opts.ScanDelays.
 func StartEmbedded(t testing.TB, opts embedded.Options) (addr string, srv *embedded.Server) {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = zaptest.NewLogger(t)
 	}
+	opts.ScanDelays = opts.ScanDelays || ScanDelays()
 	srv, err := embedded.New(opts)
 	if err != nil {
 		t.Fatalf("kubemqtest: start embedded server: %v", err)

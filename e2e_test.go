@@ -59,7 +59,8 @@ func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) 
 	if kubemqtest.External() {
 		args = append(args, "--kubemq.address", kubemqtest.Address(t))
 	} else {
-		args = append(args, "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", dataDir, "--embedded.strict")
+		args = append(args, "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", dataDir)
+		args = append(args, kubemqtest.BinaryFlags()...)
 	}
 	args = append(args, extra...)
 	p, err := proctest.Start(proxyBinary(t), "proxy", t.TempDir(), requiredListeners, args...)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
 )
@@ -22,8 +23,9 @@ func startProxy(t *testing.T) map[string]string {
 	t.Helper()
 	bin := proctest.Binary(t, true)
 	want := []string{"http", "gcp", "amqp"}
-	p, err := proctest.Start(bin, "proxy", t.TempDir(), want, "--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0",
-		"--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict")
+	args := append([]string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0",
+		"--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0"}, kubemqtest.BinaryFlags()...)
+	p, err := proctest.Start(bin, "proxy", t.TempDir(), want, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

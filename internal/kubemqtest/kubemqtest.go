@@ -42,6 +42,16 @@ const EnvScanDelays = "KUBEMQ_SCAN_DELAYS"
 // ScanDelays reports whether $KUBEMQ_SCAN_DELAYS is set.
 func ScanDelays() bool { return os.Getenv(EnvScanDelays) != "" }
 
+// BinaryFlags are the flags that make the proxy binary run its embedded server as the tests'
+// servers run: strict, and releasing delayed messages as a real KubeMQ does under
+// $KUBEMQ_SCAN_DELAYS.
+func BinaryFlags() []string {
+	if ScanDelays() {
+		return []string{"--embedded.strict", "--embedded.scan_delays"}
+	}
+	return []string{"--embedded.strict"}
+}
+
 // StartEmbedded starts an embedded server with opts on 127.0.0.1:0 and stops it at t.Cleanup.
 // A nil opts.Logger becomes a zaptest logger; $KUBEMQ_SCAN_DELAYS sets opts.ScanDelays.
 func StartEmbedded(t testing.TB, opts embedded.Options) (addr string, srv *embedded.Server) {

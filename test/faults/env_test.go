@@ -84,8 +84,9 @@ func newEnv(t testing.TB) *env {
 // in strict mode as every test backend.
 func (e *env) startBackend() {
 	e.t.Helper()
-	p, err := startProc(e.t, "backend", e.dir, []string{"embedded-kubemq"},
-		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--embedded.strict", "--log.level", logLevel())
+	args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--log.level", logLevel()},
+		kubemqtest.BinaryFlags()...)
+	p, err := startProc(e.t, "backend", e.dir, []string{"embedded-kubemq"}, args...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

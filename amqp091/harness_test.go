@@ -56,6 +56,7 @@ func newEnv(t testing.TB, opts ...func(*Options)) *env {
 		// with its embedded server (strict, as every test backend); by
 		// default loopback TCP (the Pub/Sub suite defaults to memory).
 		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		kubemqtest.CheckStrict(t, srv)
 		e.kubemq, e.conn = "embedded", srv.Channel(embedded.SharePayloads())
 	} else {
 		e.kubemq = kubemqtest.Address(t)

@@ -50,6 +50,7 @@ func newRTEnv(t *testing.T, cfg Config) *rtEnv {
 		opts.Address = kubemqtest.Address(t)
 	} else {
 		addr, ksrv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		kubemqtest.CheckStrict(t, ksrv)
 		opts.Address = addr
 		if kubemqtest.InProcess(true) {
 			opts.Conn = ksrv.Channel(embedded.SharePayloads())

@@ -23,15 +23,52 @@ func External() bool { return os.Getenv(EnvAddress) != "" }
 
 // Address returns host:port of a KubeMQ server for tests: $KUBEMQ_ADDRESS if set, otherwise an
 // embedded server in strict mode on 127.0.0.1:0 with a t.TempDir() data dir, stopped at
-// t.Cleanup.
+// t.Cleanup, which fails the test if the server saw a pattern that is hazardous on a real
+// KubeMQ (CheckStrict).
 func Address(t testing.TB) string {
 	t.Helper()
 	if a := os.Getenv(EnvAddress); a != "" {
 		return a
 	}
-	addr, _ := StartEmbedded(t, embedded.Options{Strict: true, DataDir: t.TempDir()})
+	addr, srv := StartEmbedded(t, embedded.Options{Strict: true, DataDir: t.TempDir()})
+	CheckStrict(t, srv)
 	return addr
 }
+
+// CheckStrict fails t at its cleanup (before the cleanups registered earlier, such as the
+// server's own stop) if srv counted any pattern that is hazardous on a real KubeMQ server
+// (embedded.StrictStats): strict mode refuses them, and a caller that copes with the refusal
+// would hide them otherwise.
+func CheckStrict(t testing.TB, srv *embedded.Server) {
+	t.Cleanup(func() {
+		st := srv.StrictStats()
+		toleratedMu.Lock()
+		fs := tolerated[t]
+		delete(tolerated, t)
+		toleratedMu.Unlock()
+		for _, f := range fs {
+			f(&st)
+		}
+		if st.Total() != 0 {
+			t.Errorf("kubemqtest: the embedded server saw patterns that are hazardous on a real KubeMQ: %+v", st)
+		}
+	})
+}
+
+// Tolerate lets a test provoke a hazardous pattern on purpose (a cut connection ends a stream
+// during a Get; a test of the error a foreign settlement gets): f clears the counters it expects
+// before CheckStrict judges them. t is the test that asked for the server.
+func Tolerate(t testing.TB, f func(*embedded.StrictStats)) {
+	toleratedMu.Lock()
+	defer toleratedMu.Unlock()
+	tolerated[t] = append(tolerated[t], f)
+}
+
+// tolerated maps a test to the Tolerate functions CheckStrict applies.
+var (
+	toleratedMu sync.Mutex
+	tolerated   = map[testing.TB][]func(*embedded.StrictStats){}
+)
 
 // EnvScanDelays names the environment variable that, when not empty, makes every embedded
 // server of the tests release delayed messages as a real KubeMQ does (embedded.Options.ScanDelays

@@ -513,22 +513,30 @@ func TestKubeMQRandomWorkload(t *testing.T) {
 // TestKubeMQManager: one Consumer per queue shared by Handles; ReleaseAll gives back only the
 // handle's deliveries; a Consumer that closed clean passes its owner to the next one, whose
 // returning records of acked leases are then dropped rather than redelivered.
-func TestKubeMQManager(t *testing.T) {
-	addr, checkStrict := testServer(t)
-	cl := dial(t, addr)
-	q := uniqueQueue(t)
-	reg := prometheus.NewPedanticRegistry()
-	m, err := NewManager(NewKubeMQBackend(cl.Client), Options{Logger: zaptest.NewLogger(t), RecordDelay: time.Second}, reg)
+// newKubeMQManager is a Manager on cl, closed at the end of the test.
+func newKubeMQManager(t *testing.T, cl *conn, opts Options, reg prometheus.Registerer) *Manager {
+	t.Helper()
+	opts.Logger = zaptest.NewLogger(t)
+	m, err := NewManager(NewKubeMQBackend(cl.Client), opts, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := m.Close(ctx); err != nil {
 			t.Error(err)
 		}
-	}()
+	})
+	return m
+}
+
+func TestKubeMQManager(t *testing.T) {
+	addr, checkStrict := testServer(t)
+	cl := dial(t, addr)
+	q := uniqueQueue(t)
+	reg := prometheus.NewPedanticRegistry()
+	m := newKubeMQManager(t, cl, Options{RecordDelay: time.Second}, reg)
 	ctx := context.Background()
 	h1, err := m.Acquire(ctx, q)
 	if err != nil {
@@ -601,6 +609,58 @@ func TestKubeMQManager(t *testing.T) {
 	if vals["kubemq_proxy_delivery_acked_total"] != 20 || vals["kubemq_proxy_delivery_consumers"] != 1 ||
 		vals["kubemq_proxy_delivery_records_stored_total"] == 0 {
 		t.Errorf("metrics %v", vals)
+	}
+	checkStrict()
+}
+
+// TestKubeMQManagerRetire: Retire closes a queue's Consumer at once when its last Handle is
+// closed (not after the linger), refuses while a Handle is open, and the next Consumer keeps
+// the identity, so the records of leases acked before are dropped when they return.
+func TestKubeMQManagerRetire(t *testing.T) {
+	addr, checkStrict := testServer(t)
+	cl := dial(t, addr)
+	q := uniqueQueue(t)
+	m := newKubeMQManager(t, cl, Options{RecordDelay: time.Second, Linger: time.Hour}, nil)
+	if !m.Retire("no-such-queue") {
+		t.Error("Retire of a queue without a Consumer = false")
+	}
+	ctx := context.Background()
+	h, err := m.Acquire(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, cl.Client, q, ids(5, "m"), 0)
+	ds := fetchFor(t, h, 5, 10*time.Second)
+	if len(ds) != 5 {
+		t.Fatalf("fetched %d of 5", len(ds))
+	}
+	h.Ack(leaseIDs(ds)...)
+	if m.Retire(q) {
+		t.Fatal("Retire with an open Handle = true")
+	}
+	old := h.Consumer()
+	h.Close()
+	if !m.Retire(q) {
+		t.Fatal("Retire after the last Handle closed = false")
+	}
+	select {
+	case <-old.closed:
+	default:
+		t.Fatal("Retire returned before the Consumer closed")
+	}
+	h2, err := m.Acquire(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	if h2.Consumer() == old {
+		t.Fatal("Acquire after Retire returned the closed Consumer")
+	}
+	if r := fetchFor(t, h2, 1, 3*time.Second); len(r) != 0 {
+		t.Errorf("acked message redelivered after Retire: %+v", r[0])
+	}
+	if st := h2.Consumer().Stats(); st.EntriesRecovered != 0 || st.EntriesBounced != 0 {
+		t.Errorf("records of the retired Consumer treated as foreign: %+v", st)
 	}
 	checkStrict()
 }

@@ -207,6 +207,40 @@ func (m *Manager) release(e *managed) {
 	}()
 }
 
+// Retire closes queue's Consumer now rather than after the linger, once its last Handle is
+// closed: what it fetched but never handed out goes back to the queue (Close), and the next
+// Acquire starts a fresh Consumer with its identity. It returns when that Consumer is closed,
+// false if it still has users (or got one meanwhile). A queue with no Consumer reports true.
+func (m *Manager) Retire(queue string) bool {
+	m.mu.Lock()
+	e := m.queues[queue]
+	switch {
+	case e == nil:
+		m.mu.Unlock()
+		return true
+	case e.closing:
+		done := e.done
+		m.mu.Unlock()
+		<-done
+		return true
+	case e.refs > 0:
+		m.mu.Unlock()
+		return false
+	}
+	if e.lingerCh != nil {
+		close(e.lingerCh) // the linger goroutine leaves it to us
+		e.lingerCh = nil
+	}
+	m.mu.Unlock()
+	m.retire(e)
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // retire closes e's Consumer unless it has users again, and keeps its identity for the next one.
 func (m *Manager) retire(e *managed) {
 	m.mu.Lock()

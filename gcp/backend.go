@@ -2,6 +2,7 @@ package gcp
 
 import (
 	"context"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -21,6 +22,11 @@ type backend interface {
 	// queueKnown reports whether KubeMQ lists the queue (it has ever been
 	// sent to or read from).
 	queueKnown(ctx context.Context, queue string) (bool, error)
+	// readLog calls fn, in batches and in sequence order, with the events
+	// of a topic log from about from (a little earlier: callers filter by
+	// publish time) up to the last event stored when it starts; not at all
+	// when none is that recent.
+	readLog(ctx context.Context, channel string, from time.Time, fn func([]kubemqclient.EventReceive) error) error
 }
 
 // Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100

@@ -156,6 +156,7 @@ type subRuntime struct {
 	lastUsed time.Time
 	changed  chan struct{} // closed and replaced when room or ready work appears
 	closed   bool
+	endErr   error         // what fetch reports once closed (errRuntimeClosed unless end says)
 	hold     time.Duration // the engine hold last set on h
 	timer    *time.Timer
 	wake     chan struct{} // cap 1: the earliest deadline moved
@@ -217,8 +218,12 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		}
 		r.mu.Lock()
 		if r.closed {
+			err := r.endErr
 			r.mu.Unlock()
-			return nil, errRuntimeClosed
+			if err == nil {
+				err = errRuntimeClosed
+			}
+			return nil, err
 		}
 		if out, ids := r.handReadyLocked(e, max, f, deadline); len(out) > 0 {
 			r.mu.Unlock()
@@ -287,6 +292,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			}
 			if errors.Is(err, context.Canceled) {
 				continue // woken for ready work
+			}
+			if errors.Is(err, delivery.ErrClosed) && r.isClosed() {
+				continue // the runtime ended (seek, delete, shutdown): the loop says why
 			}
 			if errors.Is(err, delivery.ErrLeasesLost) {
 				r.reset()
@@ -973,6 +981,23 @@ func (r *subRuntime) reset() {
 // close stops the runtime. drop settles every lease as consumed (the
 // subscription is deleted or detached); otherwise leases go back to the
 // queue for redelivery.
+func (r *subRuntime) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// end closes r, taken out of s.runtimes, settling its leases as consumed;
+// its fetches report err.
+func (r *subRuntime) end(err error) {
+	r.mu.Lock()
+	if r.endErr == nil {
+		r.endErr = err
+	}
+	r.mu.Unlock()
+	r.close(true)
+}
+
 func (r *subRuntime) close(drop bool) {
 	r.mu.Lock()
 	if r.closed {

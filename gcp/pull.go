@@ -30,6 +30,16 @@ const (
 // (from the catalog).
 func (s *Server) runtime(ctx context.Context, e *subEntry) (r *subRuntime, release func(), err error) {
 	s.rtMu.Lock()
+	for s.seeking[e.id] != nil { // a seek replaces the backlog: wait for it
+		busy := s.seeking[e.id]
+		s.rtMu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		s.rtMu.Lock()
+	}
 	defer s.rtMu.Unlock()
 	if r, err = s.runtimeLocked(ctx, e); err != nil {
 		return nil, nil, err
@@ -175,6 +185,8 @@ func (s *Server) deliveryStatus(sn names.SubscriptionName, err error) error {
 			return status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
 		}
 		return notFound(sn.ID)
+	case errors.Is(err, errSeeked):
+		return status.Error(codes.Unavailable, "The subscription was seeked; pull again.")
 	case errors.Is(err, errRuntimeClosed):
 		return status.Error(codes.Unavailable, "kubemq-proxy is shutting down")
 	}

@@ -142,10 +142,11 @@ type Server struct {
 
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
-	rtMu          sync.Mutex        // guards runtimes, rtClosed
+	rtMu          sync.Mutex        // guards runtimes, rtClosed, seeking
 	noRecovery    sync.Map          // uid -> struct{}: needs no ordering recovery window here (created by this process, or recovered by an earlier runtime; ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
+	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)
 
 	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
 	outageMu sync.Mutex     // guards outage
@@ -191,7 +192,7 @@ func newServer(c core) (*Server, error) {
 		c.ready = func() error { return nil }
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
-		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, stopping: make(chan struct{}),
+		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
 		outage: make(chan struct{}), m: newMetrics()}
 	if c.metrics != nil {
 		if err := s.m.register(c.metrics, s); err != nil {

@@ -1,0 +1,170 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+)
+
+// Seek to a time: the subscription's backlog and leases are given up (the
+// messages count as acknowledged, outstanding ack ids become stale), and
+// every message the topic log holds with a publish time at or after the
+// target is enqueued again, through the subscription's filter, in log
+// order. A target not in the past only empties the subscription; one older
+// than KubeMQ's retention replays what is retained. Snapshots are not
+// supported yet.
+
+// errSeeked ends the runtime a seek replaced: its streams and Pulls end
+// with UNAVAILABLE and the clients pull again from the new backlog.
+var errSeeked = errors.New("subscription seeked")
+
+// Seek implements Subscriber.Seek for a time target.
+func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubsubpb.SeekResponse, error) {
+	sn, err := names.ParseSubscription(req.GetSubscription())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetSnapshot() != "" {
+		return nil, unimplementedf("Snapshots are not supported by kubemq-proxy yet; seek to a time instead.")
+	}
+	ts := req.GetTime()
+	if ts == nil {
+		return nil, invalidArgf("A seek target is required: a time (snapshots are not supported yet).")
+	}
+	if err := ts.CheckValid(); err != nil {
+		return nil, invalidArgf("Invalid seek time: %v.", err)
+	}
+	s := p.s
+	e, ok := s.cat.sub(sn.ID)
+	if !ok {
+		return nil, notFound(sn.ID)
+	}
+	if e.proto.GetDetached() {
+		return nil, status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
+	}
+	n, err := s.seek(ctx, e, ts.AsTime())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("subscription seeked", zap.String("subscription", sn.ID), zap.Time("time", ts.AsTime()), zap.Int("replayed", n))
+	return &pubsubpb.SeekResponse{}, nil
+}
+
+// seek empties e (leases and backlog) and replays its topic's log from
+// target; it reports how many messages it enqueued. Pulls and streams of e
+// wait meanwhile; seeks of one subscription run one at a time.
+func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, error) {
+	end, err := s.beginSeek(ctx, e.id)
+	if err != nil {
+		return 0, err
+	}
+	defer end()
+	s.rtMu.Lock()
+	r := s.runtimes[e.id]
+	if r != nil && r.uid == e.uid {
+		delete(s.runtimes, e.id)
+	} else {
+		r = nil
+	}
+	s.rtMu.Unlock()
+	if r != nil {
+		r.end(errSeeked) // its leases are settled as consumed
+	}
+	// What the engine fetched but never handed out goes back to the queue
+	// before the purge, rather than out to the next runtime.
+	if !s.deliveries.Retire(e.queue) {
+		s.log.Warn("seek: the subscription's queue is still in use here; messages it buffered may be delivered after the seek",
+			zap.String("subscription", e.id))
+	}
+	if err := s.be.purge(ctx, e.queue); err != nil {
+		return 0, err
+	}
+	if !target.Before(time.Now()) || !s.cat.attached(e) {
+		// Nothing published yet is at or after target; or the topic is
+		// gone (its log may belong to a newer topic of the same name).
+		return 0, nil
+	}
+	return s.replay(ctx, e, target)
+}
+
+// beginSeek marks id as being seeked (after any seek of it already
+// running); end clears the mark and lets its pulls go on.
+func (s *Server) beginSeek(ctx context.Context, id string) (end func(), err error) {
+	for {
+		s.rtMu.Lock()
+		busy := s.seeking[id]
+		if busy == nil {
+			ch := make(chan struct{})
+			s.seeking[id] = ch
+			s.rtMu.Unlock()
+			return func() {
+				s.rtMu.Lock()
+				delete(s.seeking, id)
+				s.rtMu.Unlock()
+				close(ch)
+			}, nil
+		}
+		s.rtMu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// replay enqueues into e's queue the messages of its topic's log published
+// at or after from that pass its filter, up to the log's last event when
+// the replay starts. Events without the reserved tags (written natively to
+// the log) are skipped, as publishing them would not have fanned them out.
+func (s *Server) replay(ctx context.Context, e *subEntry, from time.Time) (int, error) {
+	n := 0
+	err := s.be.readLog(ctx, topicChannel(e.topicID), from, func(evs []kubemqclient.EventReceive) error {
+		msgs := make([]kubemqclient.QueueMessage, 0, len(evs))
+		for _, ev := range evs {
+			id := ev.Tags[TagMessageID]
+			pt, err := time.Parse(time.RFC3339Nano, ev.Tags[TagPublishTime])
+			if id == "" || err != nil || pt.Before(from) {
+				continue
+			}
+			if e.match != nil && !e.match(attributesOf(ev.Tags)) {
+				continue
+			}
+			msgs = append(msgs, kubemqclient.QueueMessage{
+				MessageID: id,
+				Channel:   e.queue,
+				Metadata:  messageMetadata,
+				Body:      ev.Body,
+				Tags:      ev.Tags,
+			})
+		}
+		if err := s.be.enqueue(ctx, msgs); err != nil {
+			return fmt.Errorf("seek: enqueue replayed messages: %w", err)
+		}
+		n += len(msgs)
+		return nil
+	})
+	return n, err
+}
+
+// attributesOf is a stored message's Pub/Sub attributes: its tags without
+// the reserved ones.
+func attributesOf(tags map[string]string) map[string]string {
+	attrs := make(map[string]string, len(tags))
+	for k, v := range tags {
+		if !isReservedTag(k) {
+			attrs[k] = v
+		}
+	}
+	return attrs
+}

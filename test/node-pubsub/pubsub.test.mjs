@@ -128,3 +128,24 @@ test('ordering keys: in order per key, also across a nack', async () => {
     assertKeyOrder(key, seqs[key], perKey, nacked);
   }
 });
+
+test('seek to a time: back to messages already acked, and purge', async () => {
+  const [topic] = await pubsub.createTopic(`node-seek-${suffix}`);
+  const [sub] = await topic.createSubscription(`node-seek-sub-${suffix}`);
+  const before = new Date();
+  for (let i = 0; i < 5; i++) {
+    await topic.publishMessage({ data: Buffer.from(`m${i}`) });
+  }
+  const first = await receive(sub, 5);
+  await sub.seek(before);
+  const again = await receive(sub, 5);
+  assert.deepEqual(new Set(again.map((m) => m.id)), new Set(first.map((m) => m.id)));
+  // A time not in the past empties the subscription: only later messages come.
+  for (let i = 5; i < 8; i++) {
+    await topic.publishMessage({ data: Buffer.from(`m${i}`) });
+  }
+  await sub.seek(new Date(Date.now() + 1000));
+  const after = await topic.publishMessage({ data: Buffer.from('last') });
+  const got = await receive(sub, 1);
+  assert.equal(got[0].id, after);
+});

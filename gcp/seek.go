@@ -94,7 +94,13 @@ func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, 
 		// gone (its log may belong to a newer topic of the same name).
 		return 0, nil
 	}
-	return s.replay(ctx, e, target)
+	n, err := s.replay(ctx, e, target)
+	if cur, ok := s.cat.sub(e.id); err == nil && (!ok || cur.uid != e.uid) {
+		// Deleted (or re-created) meanwhile: nobody will read what was
+		// replayed into this incarnation's queue.
+		return 0, s.be.purge(ctx, e.queue)
+	}
+	return n, err
 }
 
 // beginSeek marks id as being seeked (after any seek of it already

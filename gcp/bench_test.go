@@ -44,6 +44,7 @@ import (
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -542,6 +543,44 @@ func BenchmarkOrderedHotKey(b *testing.B) {
 			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
 			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
 			b.ReportMetric(float64(n), "messages")
+		})
+	}
+}
+
+// BenchmarkSeekReplay: Seek of a subscription to a time before its whole
+// backlog (50k messages published, none consumed): the proxy empties the
+// queue and enqueues the backlog again from the topic log. Reports the
+// messages made deliverable again per second of the Seek call.
+// $BENCH_SEEK_N changes the size. The proxy only: pstest (v2.9.0) re-adds
+// the messages of a Seek to a past time without their content, and its
+// next maintenance pass dereferences the missing message and crashes the
+// process.
+func BenchmarkSeekReplay(b *testing.B) {
+	n := 50_000
+	if v, _ := strconv.Atoi(os.Getenv("BENCH_SEEK_N")); v > 0 {
+		n = v
+	}
+	for _, tg := range benchTargets[:1] {
+		b.Run(tg.name, func(b *testing.B) {
+			addr, project := tg.start(b)
+			c := benchClient(b, addr, project)
+			topicID, subID := benchTopology(b, c, project)
+			before := time.Now()
+			publishAll(b, c, topicID, n)
+			b.ResetTimer()
+			var d time.Duration
+			for range b.N {
+				start := time.Now()
+				if _, err := c.SubscriptionAdminClient.Seek(context.Background(), &pubsubpb.SeekRequest{
+					Subscription: "projects/" + project + "/subscriptions/" + subID,
+					Target:       &pubsubpb.SeekRequest_Time{Time: timestamppb.New(before)},
+				}); err != nil {
+					b.Fatal(err)
+				}
+				d = time.Since(start)
+			}
+			b.ReportMetric(float64(n)/d.Seconds(), "msgs/s")
+			b.ReportMetric(float64(d.Milliseconds()), "seek-ms")
 		})
 	}
 }

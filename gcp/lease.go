@@ -978,9 +978,6 @@ func (r *subRuntime) reset() {
 	r.notifyLocked()
 }
 
-// close stops the runtime. drop settles every lease as consumed (the
-// subscription is deleted or detached); otherwise leases go back to the
-// queue for redelivery.
 func (r *subRuntime) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -998,6 +995,9 @@ func (r *subRuntime) end(err error) {
 	r.close(true)
 }
 
+// close stops the runtime. drop settles every lease as consumed (the
+// subscription is deleted, detached or seeked); otherwise leases go back
+// to the queue for redelivery.
 func (r *subRuntime) close(drop bool) {
 	r.mu.Lock()
 	if r.closed {

@@ -27,7 +27,9 @@
 //
 // # API
 //
-// A Manager hands out Handles on one Consumer per queue (reference counted). Fetch returns
+// A Manager hands out Handles on one Consumer per queue (reference counted); the last Handle's
+// Close lets the Consumer linger, Retire closes it at once (a front-end that empties the queue
+// must not find what the Consumer had buffered in the next one). Fetch returns
 // Deliveries, each with an opaque LeaseID minted per delivery; Ack, Nack (with an optional
 // retry delay), Extend (modifyAckDeadline), Release (requeue) and Unfetch (never shown to a
 // client) settle them by id. Unknown or stale ids report false. A front-end that runs its own

@@ -75,6 +75,7 @@ func checkReservedAttributes(msgs []*pubsubpb.PubsubMessage) error {
 // of truth for native readers and replay) and in every subscription. It is
 // also the dead-letter path's way to republish.
 func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.PubsubMessage) ([]string, error) {
+	defer s.pubs.begin()() // a seek waits for it (seek.go)
 	now := time.Now()
 	ids := make([]string, len(msgs))
 	events := make([]kubemqclient.Event, len(msgs))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,6 +90,13 @@ func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, 
 	if err := s.be.purge(ctx, e.queue); err != nil {
 		return 0, err
 	}
+	// A publish that began before the purge ended may have had its copy
+	// purged while its log event was still on its way: the replay must
+	// reach that event, so it starts once they are all written. (Another
+	// replica's publishes are not seen here.)
+	if err := s.pubs.wait(ctx); err != nil {
+		return 0, err
+	}
 	if !target.Before(time.Now()) || !s.cat.attached(e) {
 		// Nothing published yet is at or after target; or the topic is
 		// gone (its log may belong to a newer topic of the same name).
@@ -161,6 +169,50 @@ func (s *Server) replay(ctx context.Context, e *subEntry, from time.Time) (int, 
 		return nil
 	})
 	return n, err
+}
+
+// inflight tracks the publishes in progress on this server.
+type inflight struct {
+	mu     sync.Mutex
+	next   uint64
+	active map[uint64]chan struct{}
+}
+
+// begin registers a publish; done ends it.
+func (f *inflight) begin() (done func()) {
+	f.mu.Lock()
+	if f.active == nil {
+		f.active = map[uint64]chan struct{}{}
+	}
+	f.next++
+	id, ch := f.next, make(chan struct{})
+	f.active[id] = ch
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		delete(f.active, id)
+		f.mu.Unlock()
+		close(ch)
+	}
+}
+
+// wait returns when every publish in progress when it was called has
+// ended, or ctx does.
+func (f *inflight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	chs := make([]chan struct{}, 0, len(f.active))
+	for _, ch := range f.active {
+		chs = append(chs, ch)
+	}
+	f.mu.Unlock()
+	for _, ch := range chs {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // attributesOf is a stored message's Pub/Sub attributes: its tags without

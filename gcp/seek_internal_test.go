@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
@@ -71,5 +72,36 @@ func TestReadEvents(t *testing.T) {
 	next = 0
 	if _, err := readEvents(ctx, feed(1, 2), &next, 2, func([]kubemqclient.EventReceive) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("fn's error: %v", err)
+	}
+}
+
+// TestInflightWait: wait returns once the publishes in progress have
+// ended, and gives up with ctx.
+func TestInflightWait(t *testing.T) {
+	var f inflight
+	if err := f.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	endA := f.begin()
+	waited := make(chan error, 1)
+	go func() { waited <- f.wait(context.Background()) }()
+	select {
+	case <-waited:
+		t.Fatal("wait returned while a publish was in progress")
+	case <-time.After(50 * time.Millisecond):
+	}
+	endA()
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	endB := f.begin()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait with a publish in progress and ctx done: %v", err)
+	}
+	endB()
+	if err := f.wait(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -147,6 +147,7 @@ type Server struct {
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)
+	pubs          inflight                 // publishes in progress (a seek waits for them)
 
 	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
 	outageMu sync.Mutex     // guards outage

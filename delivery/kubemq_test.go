@@ -410,16 +410,19 @@ func TestKubeMQOutage(t *testing.T) {
 	if !errors.Is(err, ErrLeasesLost) && !errors.Is(err, kubemqclient.ErrUnavailable) {
 		t.Fatalf("Fetch after cut = %v, want ErrLeasesLost or Unavailable", err)
 	}
+	// The poll loop runs only while a Fetch waits, and a cut the client
+	// reconnects from at once may never reach the readiness hook: keep
+	// fetching until the broken stream is found. Until the client has
+	// reconnected, a Fetch may still hear of the outage (the second of the
+	// two signals above); the messages come back from their lease records
+	// either way.
+	counts := map[string]int{}
 	for end := time.Now().Add(15 * time.Second); lostN.Load() == 0 && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
+		collect(t, c, counts, 200*time.Millisecond, 200*time.Millisecond, ErrLeasesLost, kubemqclient.ErrUnavailable)
 	}
 	if lostN.Load() != 50 || c.Ack(first[0].LeaseID)[0] {
 		t.Errorf("lost %d leases, stale ack accepted %v", lostN.Load(), c.Ack(first[0].LeaseID)[0])
 	}
-	// Until the client has reconnected, a Fetch may still hear of the
-	// outage (the second of the two signals above); the messages come
-	// back from their lease records either way.
-	counts := map[string]int{}
 	collect(t, c, counts, 4*time.Second, time.Minute, ErrLeasesLost, kubemqclient.ErrUnavailable)
 	for _, id := range ids(50, "m") {
 		if counts[id] != 1 {

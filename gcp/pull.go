@@ -142,10 +142,21 @@ func (s *Server) dropRuntime(id, uid string) {
 	s.noRecovery.Delete(uid) // the incarnation is over: its mark would only pile up
 	s.rtMu.Lock()
 	defer s.rtMu.Unlock()
-	if r := s.runtimes[id]; r != nil && r.uid == uid {
-		delete(s.runtimes, id)
+	if r := s.takeRuntimeLocked(id, uid); r != nil {
 		s.endRuntimeLocked(r, true)
 	}
+}
+
+// takeRuntimeLocked takes the runtime of the subscription incarnation uid
+// out of s.runtimes; nil when none runs (or one of another incarnation,
+// which stays).
+func (s *Server) takeRuntimeLocked(id, uid string) *subRuntime {
+	r := s.runtimes[id]
+	if r == nil || r.uid != uid {
+		return nil
+	}
+	delete(s.runtimes, id)
+	return r
 }
 
 // closeRuntimes gives every lease back (shutdown).

@@ -71,12 +71,7 @@ func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, 
 	}
 	defer end()
 	s.rtMu.Lock()
-	r := s.runtimes[e.id]
-	if r != nil && r.uid == e.uid {
-		delete(s.runtimes, e.id)
-	} else {
-		r = nil
-	}
+	r := s.takeRuntimeLocked(e.id, e.uid)
 	s.rtMu.Unlock()
 	if r != nil {
 		r.end(errSeeked) // its leases are settled as consumed

@@ -167,12 +167,16 @@ type Stats struct {
 	// OtherConsumers counts queue inspections that found another consumer holding or waiting
 	// on the queue (Backend ConsumerCounter): another replica or a native client reads it.
 	OtherConsumers uint64
+	// Sentinel records (sentinel.go): stored (own and foreign ones stored again), own ones
+	// received back, foreign ones stored again, and expired foreign ones dropped.
+	SentinelsStored, SentinelsReturned, SentinelsBounced, SentinelsDropped uint64
 }
 
 type counters struct {
 	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
-	corrupt, storeFailures, leasesLost, resets, otherConsumers atomic.Uint64
+	corrupt, storeFailures, leasesLost, resets, otherConsumers,
+	sentinelsStored, sentinelsReturned, sentinelsBounced, sentinelsDropped atomic.Uint64
 	lastOtherWarn atomic.Int64 // Unix ns of the last warning
 }
 
@@ -217,8 +221,11 @@ type Consumer struct {
 	// owner, so those records are recovered rather than taken for settled leases.
 	unsure  bool
 	emptyCh chan struct{} // closed when the table becomes empty (Manager linger)
-	settled chan struct{} // closed (and dropped) each time the settler finishes a pass
-	idle    chan struct{} // closed (and dropped) when the poll loop waits for demand (tests)
+	// sentinels: this Consumer's sentinels on their way, by id (sentinel.go).
+	sentinels map[string]ownSentinel
+	bg        sync.WaitGroup // sentinel stores
+	settled   chan struct{}  // closed (and dropped) each time the settler finishes a pass
+	idle      chan struct{}  // closed (and dropped) when the poll loop waits for demand (tests)
 
 	pollWake   chan struct{} // cap 1: demand appeared
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
@@ -652,6 +659,10 @@ func (c *Consumer) Stats() Stats {
 	s.OtherConsumers = c.st.otherConsumers.Load()
 	s.LeasesLost = c.st.leasesLost.Load()
 	s.Resets = c.st.resets.Load()
+	s.SentinelsStored = c.st.sentinelsStored.Load()
+	s.SentinelsReturned = c.st.sentinelsReturned.Load()
+	s.SentinelsBounced = c.st.sentinelsBounced.Load()
+	s.SentinelsDropped = c.st.sentinelsDropped.Load()
 	return s
 }
 
@@ -674,6 +685,7 @@ func (c *Consumer) Close(ctx context.Context) error {
 		c.closeErr = c.drainRequeue(ctx)
 		c.settleCancel()
 		<-c.settleDone
+		c.bg.Wait()
 		close(c.closed)
 	})
 	<-c.closed

@@ -36,7 +36,8 @@
 // deadlines (Pub/Sub) leaves the engine deadline at 0 and states them with Handle.SetHold and
 // Hold instead: the engine never expires those, but its lease records carry them, so another
 // owner waits for them. BeforeRedeliver lets a front-end dead-letter a message instead of
-// redelivering it; OnLeasesLost and ErrLeasesLost report a backend failure, after which every
+// redelivering it; Sentinel stores an empty record and reports its return, after which every
+// record stored before it has come back (sentinel.go); OnLeasesLost and ErrLeasesLost report a backend failure, after which every
 // earlier Delivery is void. Totals are exported to Prometheus by the Manager.
 //
 // # Outages
@@ -81,6 +82,8 @@
 //     Delivery.MessageID is stable across redeliveries.
 //   - TagStored ("_kmqp_stored"): on a re-enqueued copy, when KubeMQ stored the original (Unix
 //     ns, decimal), so Delivery.StoredAt is stable too. Lease records carry it in their entries.
+//   - TagSentinel ("_kmqp_sentinel"): on an empty lease record, a sentinel: its expiry (Unix ms)
+//     and id, "<expiry>:<id>".
 //
 // Native KubeMQ consumers of a proxy queue see these messages and tags as they are.
 package delivery

@@ -32,6 +32,10 @@ func (s *Stats) add(o Stats) {
 	s.LeasesLost += o.LeasesLost
 	s.Resets += o.Resets
 	s.OtherConsumers += o.OtherConsumers
+	s.SentinelsStored += o.SentinelsStored
+	s.SentinelsReturned += o.SentinelsReturned
+	s.SentinelsBounced += o.SentinelsBounced
+	s.SentinelsDropped += o.SentinelsDropped
 }
 
 // Totals returns the sum over every Consumer the Manager has run: counters include closed
@@ -100,6 +104,11 @@ var metricDescs = func() []metricDesc {
 		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
 		c("other_consumers_seen", "Queue inspections that found another consumer (replica or native client) on a queue this engine consumes.",
 			func(s *Stats) uint64 { return s.OtherConsumers }),
+		c("sentinels_stored", "Sentinel records stored (ordered recovery), including other consumers' ones stored again.",
+			func(s *Stats) uint64 { return s.SentinelsStored }),
+		c("sentinels_returned", "Own sentinel records received back.", func(s *Stats) uint64 { return s.SentinelsReturned }),
+		c("sentinels_bounced", "Sentinel records of other consumers stored again.", func(s *Stats) uint64 { return s.SentinelsBounced }),
+		c("sentinels_dropped", "Expired sentinel records of other consumers dropped.", func(s *Stats) uint64 { return s.SentinelsDropped }),
 	}
 }()
 

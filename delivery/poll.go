@@ -258,6 +258,7 @@ type batch struct {
 	rearm     []rearm  // own live leases whose returned entry was current
 	recovered []*lease // entries of dead owners: redelivered once committed
 	records   [][]byte
+	sentinels []string // foreign sentinels to store again (sentinel.go)
 	entries   int
 	returned  int
 }
@@ -315,7 +316,12 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	delay := c.opts.RecordDelay
 
 	var entries []entry
+	var sentinels []string
 	for _, r := range recs {
+		if v, ok := r.Tags[TagSentinel]; ok {
+			sentinels = append(sentinels, v) // an empty record: no entries
+			continue
+		}
 		es, err := decodeRecord(r.Body)
 		if err != nil {
 			// Only a foreign writer using the reserved tag produces this; what can be read is kept.
@@ -326,6 +332,8 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 
 	c.mu.Lock()
+	own, again := c.sentinelsLocked(sentinels, now)
+	b.sentinels = again
 	owner := c.owner
 	b.owner = owner
 	fresh := now.Add(c.freshHoldLocked()).UnixMilli()
@@ -408,6 +416,11 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 		for _, l := range b.recovered {
 			(*hook)(&l.msg, now) // the message the recovered lease carries, decoded once
 		}
+	}
+	// Every record stored before an own sentinel has been reported by now (the hook above, or
+	// an earlier Get): it may be announced.
+	for _, ch := range own {
+		close(ch)
 	}
 	for _, raw := range bounce {
 		w.addRaw(raw, nil)
@@ -516,10 +529,10 @@ func (c *Consumer) pastOwnerLocked(o ownerID) bool {
 
 // storeRecords stores every record of b, retrying failures with fresh ids until StoreTimeout.
 func (c *Consumer) storeRecords(b *batch) error {
-	if len(b.records) == 0 {
+	if len(b.records) == 0 && len(b.sentinels) == 0 {
 		return nil
 	}
-	msgs := make([]Message, len(b.records))
+	msgs := make([]Message, len(b.records), len(b.records)+len(b.sentinels))
 	for i, body := range b.records {
 		msgs[i] = Message{
 			ID:           c.ids.next(),
@@ -528,13 +541,15 @@ func (c *Consumer) storeRecords(b *batch) error {
 			DelaySeconds: int(c.opts.RecordDelay / time.Second),
 		}
 	}
+	msgs = append(msgs, c.sentinelMessages(b.sentinels)...)
 	ctx, cancel := context.WithTimeout(c.pollCtx, c.opts.StoreTimeout)
 	defer cancel()
 	if err := c.sendAll(ctx, msgs); err != nil {
 		return fmt.Errorf("delivery: store lease record on %s: %w", c.queue, err)
 	}
-	c.st.recordsStored.Add(uint64(len(msgs)))
+	c.st.recordsStored.Add(uint64(len(b.records)))
 	c.st.entriesStored.Add(uint64(b.entries))
+	c.st.sentinelsStored.Add(uint64(len(b.sentinels)))
 	return nil
 }
 

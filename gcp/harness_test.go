@@ -61,6 +61,9 @@ type envConfig struct {
 	relay bool
 	// kubemq is the address of a KubeMQ server to use ("" = the usual).
 	kubemq string
+	// scanDelays gives the test's own embedded server the real server's
+	// delay processor (embedded.Options.ScanDelays).
+	scanDelays bool
 }
 
 type envOption func(*envConfig)
@@ -77,6 +80,10 @@ func withDelivery(o delivery.Options) envOption {
 
 // withKubeMQ uses the KubeMQ server at addr.
 func withKubeMQ(addr string) envOption { return func(c *envConfig) { c.kubemq = addr } }
+
+// withScanDelays models the real server's delay processor in the test's
+// embedded server (an external one is used as it is).
+func withScanDelays() envOption { return func(c *envConfig) { c.scanDelays = true } }
 
 // withRelay puts a cuttable TCP relay in front of KubeMQ.
 func withRelay() envOption { return func(c *envConfig) { c.relay = true } }
@@ -122,9 +129,13 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 		// By default this suite reaches the embedded server (strict, as
 		// every test backend) through the in-process channel the binary uses;
 		// KUBEMQ_LINK=tcp uses loopback TCP (the AMQP suite's default).
-		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true})
+		_, srv := kubemqtest.StartEmbedded(t, embedded.Options{Strict: true, ScanDelays: cfg.scanDelays})
 		kubemqtest.CheckStrict(t, srv)
 		kaddr, inproc = "embedded", srv.Channel(embedded.SharePayloads())
+	} else if cfg.scanDelays && !kubemqtest.External() {
+		var srv *embedded.Server
+		kaddr, srv = kubemqtest.StartEmbedded(t, embedded.Options{Strict: true, DataDir: t.TempDir(), ScanDelays: true})
+		kubemqtest.CheckStrict(t, srv)
 	} else {
 		kaddr = kubemqtest.Address(t)
 	}

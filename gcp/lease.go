@@ -146,11 +146,14 @@ type subRuntime struct {
 	ready   []*lease             // ordered: messages to hand out (again), in order
 	ordered bool                 // enable_message_ordering (immutable)
 	// Ordering recovery (ordering.go): keyed messages wait until
-	// recoverUntil, and while an earlier message of their key is known to
-	// be on its way back from a lease record.
+	// recoverUntil, while the recovery's sentinel is out (at most until
+	// recoverCap), and while an earlier message of their key is known to be
+	// on its way back from a lease record.
 	recoverUntil time.Time
+	recoverCap   time.Time
+	sentinel     <-chan struct{}                 // nil once back (or when no recovery ran)
 	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
-	window       time.Duration                   // recovery window after a (re)start
+	window       time.Duration                   // least recovery hold after a (re)start
 	// users and lastUsed are guarded by s.rtMu (see Server.runtime).
 	users    int
 	lastUsed time.Time
@@ -909,6 +912,7 @@ func (r *subRuntime) sweep() {
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
+		sentinel := r.sentinel
 		var expired []failure
 		now := time.Now()
 		for len(r.heap) > 0 && !r.heap[0].deadline.After(now) {
@@ -953,6 +957,13 @@ func (r *subRuntime) sweep() {
 			if !timer.Stop() {
 				<-timer.C
 			}
+		case <-sentinel:
+			if !timer.Stop() {
+				<-timer.C
+			}
+			r.mu.Lock()
+			r.sentinelBackLocked(sentinel, time.Now())
+			r.mu.Unlock()
 		case <-timer.C:
 		}
 	}

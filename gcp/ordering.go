@@ -17,11 +17,21 @@ import (
 // tail of the queue, behind later messages of the same key that a new
 // runtime may already have fetched. Two measures keep a key in order:
 //
-//   - A recovery window: a runtime that starts on a subscription created
+//   - A recovery hold: a runtime that starts on a subscription created
 //     before this process, or that lost its leases, holds every keyed
-//     message for RecordDelay+recoverySlack. By then every record written
-//     before has come back at least once (records are delayed copies with
-//     one fixed delay), so the engine has reported what it carries.
+//     message until every lease record written before has come back at
+//     least once, so that the engine has reported what it carries. It
+//     stores a sentinel record (delivery.Handle.Sentinel) with the
+//     records' delay: records of one delay come back in the order they
+//     were stored, so the sentinel's return means the earlier ones have
+//     returned, however backed up the server's delay machinery is
+//     (kubemq-api.md 9.1). The hold lasts at least RecordDelay+
+//     recoverySlack (records written with a longer delay by another
+//     configuration), and sentinelGrace beyond the sentinel's return (the
+//     real server releases due messages in batches, in no order within
+//     one). It ends at the latest after awaitSlack, should the sentinel
+//     not come back here (another replica received it on every return, or
+//     the server lost it).
 //   - Awaited messages: the engine reports each message it finds in a
 //     record it cannot settle itself (another owner's: bounced until that
 //     lease could have expired; an earlier incarnation's: redelivered at
@@ -30,14 +40,16 @@ import (
 //
 // Meanwhile a key's pending messages are kept sorted by publish order
 // (publish time, then message id), so the returning ones go first. What
-// this cannot repair: a message whose return is later than the window or
-// its await allowance (a very slow delay machinery on the server), and a
-// key whose held messages fill the subscription's in-flight ceiling before
-// the returning ones are fetched; both then continue out of order rather
-// than stall.
+// this cannot repair: a message whose return is later than the hold's cap
+// or its await allowance, a record that came back to another replica, and
+// a key whose held messages fill the subscription's in-flight ceiling
+// before the returning ones are fetched (the engine then stops polling,
+// so neither they nor the sentinel come back until the cap); these then
+// continue out of order rather than stall.
 const (
 	recoverySlack = 5 * time.Second
 	recoveryTick  = 250 * time.Millisecond
+	sentinelGrace = time.Second
 )
 
 // awaitSlack is how long after its announced redelivery a returning
@@ -79,25 +91,51 @@ func (a msgOrder) compare(b msgOrder) int {
 	return strings.Compare(a.id, b.id)
 }
 
-// beginRecoveryLocked holds keyed messages for the recovery window.
+// beginRecoveryLocked holds keyed messages until the lease records written
+// before now have come back (see above).
 func (r *subRuntime) beginRecoveryLocked(now time.Time) {
+	if r.closed {
+		return
+	}
 	r.recoverUntil = now.Add(r.window)
-	select { // the sweep releases the keys when it ends
+	r.recoverCap = now.Add(r.awaitSlack())
+	r.sentinel = r.h.Sentinel()
+	select { // the sweep releases the keys when it ends, and waits for the sentinel
 	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
+// sentinelBackLocked ends the wait for the sentinel ch, if it is the
+// current recovery's.
+func (r *subRuntime) sentinelBackLocked(ch <-chan struct{}, now time.Time) {
+	if ch == nil || ch != r.sentinel {
+		return
+	}
+	r.sentinel = nil
+	if t := now.Add(sentinelGrace); t.After(r.recoverUntil) {
+		r.recoverUntil = t
+	}
+}
+
+// recoveryEndLocked is when the recovery hold ends, as far as known now.
+func (r *subRuntime) recoveryEndLocked() time.Time {
+	if r.sentinel != nil && r.recoverCap.After(r.recoverUntil) {
+		return r.recoverCap
+	}
+	return r.recoverUntil
+}
+
 // recoveringLocked reports whether some key may be held.
 func (r *subRuntime) recoveringLocked(now time.Time) bool {
-	return now.Before(r.recoverUntil.Add(recoveryTick)) || len(r.awaiting) > 0
+	return now.Before(r.recoveryEndLocked().Add(recoveryTick)) || len(r.awaiting) > 0
 }
 
 // keyHeldLocked reports whether the key's next message must wait: the
-// recovery window is open, or an earlier message is still on its way back.
+// recovery hold is on, or an earlier message is still on its way back.
 // Overdue awaited messages are forgotten here.
 func (r *subRuntime) keyHeldLocked(key string, now time.Time) bool {
-	if now.Before(r.recoverUntil) {
+	if now.Before(r.recoveryEndLocked()) {
 		return true
 	}
 	w, ok := r.awaiting[key]

@@ -111,8 +111,8 @@ func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 	r.mu.Lock()
 	idle := len(r.leases) == 0
 	// Nothing of an earlier process is still on its way back: a later
-	// runtime of this incarnation needs no ordering recovery window.
-	recovered := len(r.awaiting) == 0 && now.After(r.recoverUntil)
+	// runtime of this incarnation needs no ordering recovery hold.
+	recovered := len(r.awaiting) == 0 && now.After(r.recoveryEndLocked())
 	r.mu.Unlock()
 	if !idle {
 		return

@@ -1,6 +1,8 @@
 package gcp_test
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -113,6 +115,67 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 	own.Close() // A dies holding the key's first messages out and the rest behind them
 	publishKeyed(t, ctx, c, tid, first, total)
 	drainKeyInOrder(t, ctx, rawSubscriber(t, e), e.subName(sid), total, "crash")
+}
+
+// TestOrderingSurvivesCrashBehindLongDelays: as above, but on a server
+// whose delay processor is backed up (kubemq-api.md 9.1, modelled by the
+// embedded server's scan mode): the dead replica's last lease record was
+// stored behind more than 1,024 messages delayed 10 s, so it comes back
+// about 10 s after the crash, later than the recovery hold's minimum
+// (RecordDelay+5 s). The hold must last until it is back: the new
+// runtime's sentinel record, stored after it, comes back after it.
+func TestOrderingSurvivesCrashBehindLongDelays(t *testing.T) {
+	e := startEnv(t, withDelivery(delivery.Options{RecordDelay: time.Second}), withScanDelays())
+	ctx := ctxT(t, 2*time.Minute)
+	tid, sid := e.id("t"), e.id("s")
+	e.createTopic(ctx, tid)
+
+	a, own := e.startCrashableReplica()
+	sub := e.subName(sid)
+	if _, err := a.CreateSubscription(ctx, &pubsubpb.Subscription{Name: sub, Topic: e.topicName(tid),
+		EnableMessageOrdering: true, AckDeadlineSeconds: 10}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.v2()
+	const first, total = 10, 20
+	publishKeyed(t, ctx, c, tid, 0, first)
+	leaseFirst(t, ctx, a, sub)
+	// A keeps a Pull waiting, so its engine polls and re-arms its records
+	// each time they come back.
+	pctx, stopPulling := context.WithCancel(ctx)
+	pulling := make(chan struct{})
+	go func() {
+		defer close(pulling)
+		for pctx.Err() == nil {
+			_, _ = a.Pull(pctx, &pubsubpb.PullRequest{Subscription: sub, MaxMessages: 10})
+		}
+	}()
+	// Fill the delay processor's 1,024 slots with long delays: A's next
+	// re-armed record is stored behind them.
+	const filler = 1100
+	fq := "gcp-test-filler." + e.suffix
+	for i := 0; i < filler; i += 100 {
+		msgs := make([]kubemqclient.QueueMessage, 100)
+		for k := range msgs {
+			msgs[k] = kubemqclient.QueueMessage{MessageID: fq + "." + strconv.Itoa(i+k), Channel: fq, Body: []byte("x"),
+				Policy: kubemqclient.QueuePolicy{Delay: 10 * time.Second}}
+		}
+		res, err := e.kc.SendQueueMessages(ctx, msgs)
+		if err == nil {
+			err = kubemqclient.FirstError(res)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	filled := time.Now()
+	time.Sleep(3 * time.Second) // A's record returns (it was stored before the filler) and is re-armed behind it
+	stopPulling()
+	<-pulling
+	own.Close() // A dies; its last record waits behind the filler
+	publishKeyed(t, ctx, c, tid, first, total)
+	drainKeyInOrder(t, ctx, rawSubscriber(t, e), sub, total, "crash behind long delays")
+	t.Logf("drained %v after the filler was stored", time.Since(filled).Round(100*time.Millisecond))
 }
 
 // startCrashableReplica starts a replica on a KubeMQ connection of its own

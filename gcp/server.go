@@ -143,7 +143,7 @@ type Server struct {
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
 	rtMu          sync.Mutex        // guards runtimes, rtClosed, seeking
-	noRecovery    sync.Map          // uid -> struct{}: needs no ordering recovery window here (created by this process, or recovered by an earlier runtime; ordering.go)
+	noRecovery    sync.Map          // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)

@@ -71,8 +71,7 @@ func (s *Server) State() any {
 					ss.Waiting++
 				}
 			}
-			if now.Before(r.recoverUntil) {
-				t := r.recoverUntil
+			if t := r.recoveryEndLocked(); now.Before(t) {
 				ss.RecoveringUntil = &t
 			}
 			for _, w := range r.awaiting {

@@ -123,7 +123,7 @@ type RegistryConfig struct {
 type DeliveryConfig struct {
 	// RecordDelay is the KubeMQ delay of every lease record (whole
 	// seconds): how soon a crashed proxy's leased messages come back, and
-	// (plus 5 s) how long ordered Pub/Sub subscriptions hold keyed
+	// (plus 5 s) the least time ordered Pub/Sub subscriptions hold keyed
 	// messages after a restart or an outage. Shorter means more record
 	// traffic for leases held long.
 	RecordDelay time.Duration `mapstructure:"record_delay"`

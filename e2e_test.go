@@ -437,8 +437,10 @@ func TestLogLevelReloadAndStateView(t *testing.T) {
 
 // TestRecordDelayReachesDelivery: delivery.record_delay sets the lease
 // engine's record delay, which an ordered subscription's recovery hold
-// after a restart follows (record delay + 5 s): with 2s, /state shows the
-// hold ending about 7 s after the first pull, not the default's 15 s.
+// after a restart follows (at least record delay + 5 s): with 2s, /state
+// shows the hold's least end about 7 s after the first pull, not the
+// default's 15 s, and the hold ends soon after (its sentinel record is
+// back by then).
 func TestRecordDelayReachesDelivery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -470,36 +472,57 @@ func TestRecordDelayReachesDelivery(t *testing.T) {
 	if err != nil && status.Code(err) != codes.DeadlineExceeded {
 		t.Fatal(err)
 	}
-	resp, err := http.Get("http://" + p2.Addr("http") + "/state")
-	if err != nil {
-		t.Fatal(err)
+	type subState struct {
+		ID              string
+		RecoveringUntil *time.Time `json:"recovering_until"`
+		SentinelOut     *time.Time `json:"recovery_sentinel_out_until"`
 	}
-	defer resp.Body.Close()
-	var state struct {
-		Frontends struct {
-			GCP struct {
-				Subscriptions []struct {
-					ID              string
-					RecoveringUntil *time.Time `json:"recovering_until"`
+	state := func() subState {
+		t.Helper()
+		resp, err := http.Get("http://" + p2.Addr("http") + "/state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var state struct {
+			Frontends struct {
+				GCP struct {
+					Subscriptions []subState
 				}
 			}
 		}
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range state.Frontends.GCP.Subscriptions {
-		if s.ID != subID {
-			continue
+		if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
+			t.Fatal(err)
 		}
-		if s.RecoveringUntil == nil {
-			t.Fatal("the ordered subscription is not holding keyed messages after the restart")
+		for _, s := range state.Frontends.GCP.Subscriptions {
+			if s.ID == subID {
+				return s
+			}
 		}
-		if hold := s.RecoveringUntil.Sub(pulled); hold < 6*time.Second || hold > 8*time.Second {
-			t.Fatalf("recovery hold %v after the first pull, want about 7 s (record delay 2 s + 5 s)", hold)
-		}
-		terminate(t, p2)
-		return
+		t.Fatalf("subscription %s not in /state", subID)
+		return subState{}
 	}
-	t.Fatalf("subscription %s not in /state", subID)
+	s := state()
+	if s.RecoveringUntil == nil {
+		t.Fatal("the ordered subscription is not holding keyed messages after the restart")
+	}
+	if hold := s.RecoveringUntil.Sub(pulled); hold < 6*time.Second || hold > 8*time.Second {
+		t.Fatalf("least recovery hold %v after the first pull, want about 7 s (record delay 2 s + 5 s)", hold)
+	}
+	// The hold ends once its sentinel record (2 s delay) is back and the
+	// least hold has passed; the sentinel comes back only while the
+	// subscription is pulled.
+	for s.RecoveringUntil != nil && time.Since(pulled) < 30*time.Second {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, err := c2.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: "projects/" + project + "/subscriptions/" + subID, MaxMessages: 1})
+		pcancel()
+		if err != nil && status.Code(err) != codes.DeadlineExceeded {
+			t.Fatal(err)
+		}
+		s = state()
+	}
+	if ended := time.Since(pulled); s.RecoveringUntil != nil || ended > 12*time.Second {
+		t.Fatalf("recovery hold still on or ended late (%v after the first pull, sentinel out until %v)", ended, s.SentinelOut)
+	}
+	terminate(t, p2)
 }

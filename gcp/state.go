@@ -34,9 +34,12 @@ type SubState struct {
 	// dead-letter topic (on an ordered subscription, also while that
 	// fails and is tried again).
 	DeadLettering int `json:"dead_lettering,omitempty"`
-	// Ordering recovery after a restart or an outage: keys held back, and
+	// Ordering recovery after a restart or an outage (while keys are held
+	// back): the hold's least end; while its sentinel record is out, the
+	// latest end (it ends a second after the sentinel's return); and
 	// messages known to be on their way back from lease records.
 	RecoveringUntil *time.Time `json:"recovering_until,omitempty"`
+	SentinelOut     *time.Time `json:"recovery_sentinel_out_until,omitempty"`
 	Awaited         int        `json:"awaited,omitempty"`
 }
 
@@ -71,8 +74,13 @@ func (s *Server) State() any {
 					ss.Waiting++
 				}
 			}
-			if t := r.recoveryEndLocked(); now.Before(t) {
-				ss.RecoveringUntil = &t
+			if now.Before(r.recoveryEndLocked()) {
+				least := r.recoverUntil
+				ss.RecoveringUntil = &least
+				if r.sentinel != nil {
+					latest := r.recoverCap
+					ss.SentinelOut = &latest
+				}
 			}
 			for _, w := range r.awaiting {
 				ss.Awaited += len(w)

@@ -99,8 +99,8 @@ func (r *subRuntime) beginRecoveryLocked(now time.Time) {
 	}
 	r.recoverUntil = now.Add(r.window)
 	r.recoverCap = now.Add(r.awaitSlack())
-	r.sentinel = r.h.Sentinel()
-	select { // the sweep releases the keys when it ends, and waits for the sentinel
+	r.sentinel = r.h.Sentinel() // under mu: it neither blocks nor calls back
+	select {                    // the sweep releases the keys when it ends, and waits for the sentinel
 	case r.wake <- struct{}{}:
 	default:
 	}

@@ -235,6 +235,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			return out, nil
 		}
 		room := min(max, r.s.cfg.MaxInflightPerSubscription-len(r.leases))
+		if room <= 0 && r.sentinel != nil {
+			r.ceilingReachedLocked()
+		}
 		changed := r.changed
 		setHold := r.hold != deadline
 		r.hold = deadline

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
@@ -43,9 +45,10 @@ import (
 // this cannot repair: a message whose return is later than the hold's cap
 // or its await allowance, a record that came back to another replica, and
 // a key whose held messages fill the subscription's in-flight ceiling
-// before the returning ones are fetched (the engine then stops polling,
-// so neither they nor the sentinel come back until the cap); these then
-// continue out of order rather than stall.
+// before the returning ones are fetched (the engine then stops polling, so
+// neither they nor the sentinel can come back: the hold ends at its least
+// end, ceilingReachedLocked); these then continue out of order rather than
+// stall.
 const (
 	recoverySlack = 5 * time.Second
 	recoveryTick  = 250 * time.Millisecond
@@ -116,6 +119,24 @@ func (r *subRuntime) sentinelBackLocked(ch <-chan struct{}, now time.Time) {
 	if t := now.Add(sentinelGrace); t.After(r.recoverUntil) {
 		r.recoverUntil = t
 	}
+}
+
+// ceilingReachedLocked is called while the recovery's sentinel is out and
+// the subscription's in-flight ceiling stops its fetches. When no lease can
+// free room by itself (none is out to a client, ready to go out or in a
+// retry backoff: every one is held), the engine stops polling and the
+// sentinel cannot come back before the cap; the hold then ends at its least
+// end instead (the limit the package comment names).
+func (r *subRuntime) ceilingReachedLocked() {
+	for _, l := range r.leases {
+		switch l.state {
+		case leaseOut, leaseReady, leaseBackoff:
+			return
+		}
+	}
+	r.sentinel = nil
+	r.s.log.Warn("ordering recovery: the in-flight ceiling is full of held messages; the hold ends without waiting for earlier lease records",
+		zap.String("subscription", r.id), zap.Int("held", len(r.leases)))
 }
 
 // recoveryEndLocked is when the recovery hold ends, as far as known now.

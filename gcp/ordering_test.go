@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
@@ -47,13 +48,16 @@ func leaseFirst(t *testing.T, ctx context.Context, sc pubsubpb.SubscriberClient,
 // drainKeyInOrder pulls and acks until messages 0..total-1 have all been
 // seen, and fails unless the key came from message 0 on, never going back
 // (repeats of a message are allowed: at-least-once). what names the event
-// the key had to survive.
-func drainKeyInOrder(t *testing.T, ctx context.Context, sc pubsubpb.SubscriberClient, sub string, total int, what string) {
+// the key had to survive. It returns when the first message came.
+func drainKeyInOrder(t *testing.T, ctx context.Context, sc pubsubpb.SubscriberClient, sub string, total int, what string) (firstAt time.Time) {
 	t.Helper()
 	var order []int
 	seen := map[int]bool{}
 	for len(seen) < total {
 		ms := pull(t, ctx, sc, sub, 10)
+		if len(ms) > 0 && firstAt.IsZero() {
+			firstAt = time.Now()
+		}
 		var ids []string
 		for _, m := range ms {
 			i, _ := strconv.Atoi(m.Message.Attributes["i"])
@@ -76,4 +80,5 @@ func drainKeyInOrder(t *testing.T, ctx context.Context, sc pubsubpb.SubscriberCl
 			t.Fatalf("key delivered out of order after the %s: %v", what, order)
 		}
 	}
+	return firstAt
 }

@@ -9,6 +9,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
+	"github.com/kubemq-io/kubemq-proxy/gcp"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
@@ -176,6 +177,33 @@ func TestOrderingSurvivesCrashBehindLongDelays(t *testing.T) {
 	publishKeyed(t, ctx, c, tid, first, total)
 	drainKeyInOrder(t, ctx, rawSubscriber(t, e), sub, total, "crash behind long delays")
 	t.Logf("drained %v after the filler was stored", time.Since(filled).Round(100*time.Millisecond))
+}
+
+// TestRecoveryHoldAtTheCeiling: a runtime that starts recovering with a
+// backlog of keyed messages larger than the subscription's in-flight
+// ceiling fills the ceiling with held messages; its engine then stops
+// polling, so its sentinel cannot come back. The hold must end at its
+// least end (record delay + 5 s), not wait for the cap (30 s more), and the
+// key still comes out in order.
+func TestRecoveryHoldAtTheCeiling(t *testing.T) {
+	const ceiling, total = 10, 30
+	e := startEnv(t, withDelivery(delivery.Options{RecordDelay: time.Second}),
+		withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = ceiling }))
+	ctx := ctxT(t, 2*time.Minute)
+	tid, sid := e.id("t"), e.id("s")
+	e.createTopic(ctx, tid)
+	a, _ := e.startCrashableReplica() // another process created it: this one recovers
+	sub := e.subName(sid)
+	if _, err := a.CreateSubscription(ctx, &pubsubpb.Subscription{Name: sub, Topic: e.topicName(tid),
+		EnableMessageOrdering: true}); err != nil {
+		t.Fatal(err)
+	}
+	publishKeyed(t, ctx, e.v2(), tid, 0, total)
+	start := time.Now()
+	firstAt := drainKeyInOrder(t, ctx, rawSubscriber(t, e), sub, total, "restart with a backlog over the ceiling")
+	if wait := firstAt.Sub(start); wait > 20*time.Second {
+		t.Errorf("the first keyed message came %v after the first pull; the hold should end about 6 s in", wait.Round(100*time.Millisecond))
+	}
 }
 
 // startCrashableReplica starts a replica on a KubeMQ connection of its own

@@ -105,22 +105,20 @@ func TestSentinelComesBackAfterEarlierRecords(t *testing.T) {
 		defer closeWithin(t, b, 10*time.Second)
 		var mu sync.Mutex
 		reported := map[string]bool{}
-		var ch <-chan struct{}
-		var atReturn int
 		h := UnsettledFunc(func(m *Message, _ time.Time) {
 			mu.Lock()
 			defer mu.Unlock()
 			reported[m.ID] = true
 		})
 		b.unsettled.Store(&h)
-		ch = b.sentinel()
+		ch := b.sentinel()
 		stop := make(chan struct{})
 		delivered := poll(t, b, stop)
 		if !waitClosed(ch, 15*time.Second) {
 			t.Fatalf("sentinel not back after 15 s: %+v", b.Stats())
 		}
 		mu.Lock()
-		atReturn = len(reported)
+		atReturn := len(reported)
 		mu.Unlock()
 		close(stop)
 		delivered()

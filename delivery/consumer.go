@@ -204,7 +204,7 @@ type Consumer struct {
 	st    counters
 
 	// mu guards the lease table and everything that refers to leases: owner, table, ready,
-	// waiters, want, heap, requeue, handles, closing, emptyCh.
+	// waiters, want, heap, requeue, handles, closing, emptyCh, sentinels.
 	mu         sync.Mutex
 	owner      ownerID
 	pastOwners []ownerID // earlier incarnations of this Consumer: their entries are recovered at once

@@ -106,6 +106,9 @@ func (c *Consumer) sentinelMessages(values []string) []Message {
 // (removed from the table, to be closed by the caller) and the foreign ones still to be
 // stored again.
 func (c *Consumer) sentinelsLocked(values []string, now time.Time) (own []chan struct{}, again []string) {
+	if len(values) == 0 {
+		return nil, nil // the usual Get
+	}
 	for _, v := range values {
 		exp, id, ok := strings.Cut(v, ":")
 		if o, mine := c.sentinels[id]; ok && mine {

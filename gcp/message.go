@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 // Reserved KubeMQ tags: a Pub/Sub message is stored with its attributes
@@ -28,6 +30,14 @@ const (
 // KubeMQ refuses a message with neither metadata nor body, and a Pub/Sub
 // message may have empty data.
 const messageMetadata = "pubsub"
+
+// subscriptionCopy is the queue message that holds a subscription's copy
+// of a published message: the topic log event's id, body and tags (shared,
+// read-only) in the subscription's queue. Publish and Seek's replay store
+// the same shape.
+func subscriptionCopy(queue, id string, body []byte, tags map[string]string) kubemqclient.QueueMessage {
+	return kubemqclient.QueueMessage{MessageID: id, Channel: queue, Metadata: messageMetadata, Body: body, Tags: tags}
+}
 
 func isReservedTag(k string) bool {
 	return k == TagMessageID || k == TagPublishTime || k == TagOrderingKey

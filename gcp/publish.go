@@ -98,13 +98,7 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			if sub.match != nil && !sub.match(m.GetAttributes()) {
 				continue // filtered out: never enqueued, as Google acks it for the subscriber
 			}
-			copies = append(copies, kubemqclient.QueueMessage{
-				MessageID: ids[i],
-				Channel:   sub.queue,
-				Metadata:  messageMetadata,
-				Body:      events[i].Body,
-				Tags:      events[i].Tags, // shared, read-only
-			})
+			copies = append(copies, subscriptionCopy(sub.queue, ids[i], events[i].Body, events[i].Tags))
 		}
 	}
 	// The log and the copies are written concurrently: the answer waits

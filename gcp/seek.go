@@ -149,13 +149,7 @@ func (s *Server) replay(ctx context.Context, e *subEntry, from time.Time) (int, 
 			if e.match != nil && !e.match(attributesOf(ev.Tags)) {
 				continue
 			}
-			msgs = append(msgs, kubemqclient.QueueMessage{
-				MessageID: id,
-				Channel:   e.queue,
-				Metadata:  messageMetadata,
-				Body:      ev.Body,
-				Tags:      ev.Tags,
-			})
+			msgs = append(msgs, subscriptionCopy(e.queue, id, ev.Body, ev.Tags))
 		}
 		if err := s.be.enqueue(ctx, msgs); err != nil {
 			return fmt.Errorf("seek: enqueue replayed messages: %w", err)

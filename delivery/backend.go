@@ -32,15 +32,6 @@ type Backend interface {
 	Retryable(err error) bool
 }
 
-// ConsumerCounter is an optional Backend interface: how many consumers other than finished
-// transactions hold or wait on queue (QueuesInfo's Subscribers). The engine asks it where it asks
-// Waiting, when its own stream holds no transaction, so a positive count means another consumer
-// (a second proxy replica, a native client) reads the queue: a hazard on the real server
-// (kubemq-api.md 8.8), which the engine reports.
-type ConsumerCounter interface {
-	QueueState(ctx context.Context, queue string) (waiting, consumers int64, err error)
-}
-
 // StateNotifier is an optional Backend interface. A Backend that can tell when KubeMQ becomes
 // unreachable lets the Manager drop every Consumer's leases at once, idle Consumers included (an
 // idle Consumer's poll loop would otherwise notice the outage only at its next Get, after the
@@ -66,4 +57,7 @@ type Downstream interface {
 	Sync(ctx context.Context, tx string) error
 	// Close ends the stream.
 	Close() error
+	// Err is nil while the stream is usable: after a failed call, a non-nil Err means the
+	// stream is broken; nil means the server refused the request and the stream goes on.
+	Err() error
 }

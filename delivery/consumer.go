@@ -164,9 +164,9 @@ type Stats struct {
 	StoreFailures    uint64 // batches given back to the queue because the record failed
 	LeasesLost       uint64 // leases dropped by backend failures
 	Resets           uint64 // lease-table drops
-	// OtherConsumers counts queue inspections that found another consumer holding or waiting
-	// on the queue (Backend ConsumerCounter): another replica or a native client reads it.
-	OtherConsumers uint64
+	// TransientRefusals counts Gets the server refused for now on a stream that went on
+	// (retried after a backoff; nothing held was given up).
+	TransientRefusals uint64
 	// Sentinel records (sentinel.go): stored (own and foreign ones stored again), own ones
 	// received back, foreign ones stored again, and expired foreign ones dropped.
 	SentinelsStored, SentinelsReturned, SentinelsBounced, SentinelsDropped uint64
@@ -175,9 +175,8 @@ type Stats struct {
 type counters struct {
 	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
-	corrupt, storeFailures, leasesLost, resets, otherConsumers,
+	corrupt, storeFailures, leasesLost, resets, transient,
 	sentinelsStored, sentinelsReturned, sentinelsBounced, sentinelsDropped atomic.Uint64
-	lastOtherWarn atomic.Int64 // Unix ns of the last warning
 }
 
 // waiter is one Fetch call waiting for deliveries. Owned by Consumer.mu until done is closed.
@@ -656,8 +655,8 @@ func (c *Consumer) Stats() Stats {
 	s.EntriesRecovered = c.st.recovered.Load()
 	s.RecordsCorrupt = c.st.corrupt.Load()
 	s.StoreFailures = c.st.storeFailures.Load()
-	s.OtherConsumers = c.st.otherConsumers.Load()
 	s.LeasesLost = c.st.leasesLost.Load()
+	s.TransientRefusals = c.st.transient.Load()
 	s.Resets = c.st.resets.Load()
 	s.SentinelsStored = c.st.sentinelsStored.Load()
 	s.SentinelsReturned = c.st.sentinelsReturned.Load()

@@ -488,6 +488,45 @@ func TestOutageDropsLeasesAndRecovers(t *testing.T) {
 	})
 }
 
+// A Get the server refuses for now (the real server's Error 302 under load) on a stream that goes
+// on is retried: leases held stay valid, the waiting Fetch gets its messages, nothing is reset.
+func TestTransientGetRefusal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		f.send(t, testQueue, ids(10, "m")...)
+		c, _ := newTestConsumer(t, f, Options{MaxBatch: 5})
+		defer closeConsumer(t, c)
+		first := fetchFor(t, c, 5, time.Second)
+		if len(first) != 5 {
+			t.Fatalf("first fetch got %d", len(first))
+		}
+		refusals := 3
+		f.mu.Lock()
+		f.getFail = func(string) error {
+			if refusals == 0 {
+				return nil
+			}
+			refusals--
+			return errFakeBusy
+		}
+		f.mu.Unlock()
+		second := fetchFor(t, c, 5, 30*time.Second)
+		if len(second) != 5 {
+			t.Fatalf("second fetch got %d of 5", len(second))
+		}
+		for i, ok := range c.Ack(leaseIDs(first)...) {
+			if !ok {
+				t.Errorf("lease %d of the first fetch lost across the refusals", i)
+			}
+		}
+		c.Ack(leaseIDs(second)...)
+		if st := c.Stats(); st.TransientRefusals != 3 || st.Resets != 0 || st.LeasesLost != 0 {
+			t.Errorf("stats %+v", st)
+		}
+		checkNoViolations(t, f)
+	})
+}
+
 func TestRecordStoreFailureGivesBatchBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeKubeMQ(t)

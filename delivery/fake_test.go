@@ -24,6 +24,7 @@ type fakeKubeMQ struct {
 	violations []string
 	sendFail   func(queue string, msgs []Message) ([]error, error) // nil = store everything
 	ambiguous  func(queue string, msgs []Message) bool             // true: store, then report failure
+	getFail    func(queue string) error                            // non-nil: the Get is refused, the stream goes on
 	sends      int
 }
 
@@ -42,6 +43,7 @@ type fakeDelayed struct {
 
 var errFakeDown = errors.New("fake kubemq: connection lost")
 var errFakeBad = errors.New("fake kubemq: invalid argument")
+var errFakeBusy = errors.New("fake kubemq: Error 302: connection not available, please retry")
 
 func newFakeKubeMQ(t *testing.T) *fakeKubeMQ {
 	return &fakeKubeMQ{t: t, queues: map[string]*fakeQueue{}, changed: make(chan struct{})}
@@ -293,6 +295,12 @@ func (s *fakeStream) Get(ctx context.Context, queue string, maxItems int, wait t
 		f.mu.Unlock()
 		return "", nil, errFakeBad
 	}
+	if f.getFail != nil {
+		if err := f.getFail(queue); err != nil {
+			f.mu.Unlock()
+			return "", nil, err
+		}
+	}
 	q := f.queue(queue)
 	if q.holder != nil {
 		f.violate("second open transaction on %s", queue)
@@ -377,6 +385,13 @@ func (s *fakeStream) AckAll(ctx context.Context, tx string) error        { retur
 func (s *fakeStream) CloseByClient(ctx context.Context, tx string) error { return s.settle(tx, true) }
 
 func (s *fakeStream) Sync(ctx context.Context, tx string) error {
+	f := s.c.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return s.usable()
+}
+
+func (s *fakeStream) Err() error {
 	f := s.c.f
 	f.mu.Lock()
 	defer f.mu.Unlock()

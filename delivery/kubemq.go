@@ -13,17 +13,12 @@ func NewKubeMQBackend(c *kubemqclient.Client) Backend { return kubemqBackend{c} 
 type kubemqBackend struct{ c *kubemqclient.Client }
 
 func (k kubemqBackend) Waiting(ctx context.Context, queue string) (int64, error) {
-	n, _, err := k.QueueState(ctx, queue)
-	return n, err
-}
-
-func (k kubemqBackend) QueueState(ctx context.Context, queue string) (waiting, consumers int64, err error) {
 	info, err := k.c.QueuesInfo(ctx, queue)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	qi, _ := info.Queue(queue) // a queue nobody sent to yet is not listed: 0 waiting
-	return qi.Waiting, qi.Subscribers, nil
+	return qi.Waiting, nil
 }
 
 func (k kubemqBackend) Send(ctx context.Context, queue string, msgs []Message) ([]error, error) {
@@ -80,6 +75,7 @@ func (k kubemqDownstream) CloseByClient(_ context.Context, tx string) error {
 }
 func (k kubemqDownstream) Sync(ctx context.Context, tx string) error { return k.d.Sync(ctx, tx) }
 func (k kubemqDownstream) Close() error                              { return k.d.Close() }
+func (k kubemqDownstream) Err() error                                { return k.d.Err() }
 
 // unixNano is t in Unix ns, 0 for the zero time.
 func unixNano(t time.Time) int64 {

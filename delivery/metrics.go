@@ -31,7 +31,7 @@ func (s *Stats) add(o Stats) {
 	s.StoreFailures += o.StoreFailures
 	s.LeasesLost += o.LeasesLost
 	s.Resets += o.Resets
-	s.OtherConsumers += o.OtherConsumers
+	s.TransientRefusals += o.TransientRefusals
 	s.SentinelsStored += o.SentinelsStored
 	s.SentinelsReturned += o.SentinelsReturned
 	s.SentinelsBounced += o.SentinelsBounced
@@ -102,8 +102,8 @@ var metricDescs = func() []metricDesc {
 		c("store_failures", "Get batches given back because their record could not be stored.", func(s *Stats) uint64 { return s.StoreFailures }),
 		c("leases_lost", "Leases dropped because the backend failed.", func(s *Stats) uint64 { return s.LeasesLost }),
 		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
-		c("other_consumers_seen", "Queue inspections that found another consumer (replica or native client) on a queue this engine consumes.",
-			func(s *Stats) uint64 { return s.OtherConsumers }),
+		c("transient_refusals", "Gets the backend refused for now on a stream that went on (retried).",
+			func(s *Stats) uint64 { return s.TransientRefusals }),
 		c("sentinels_stored", "Sentinel records stored (ordered recovery), including other consumers' ones stored again.",
 			func(s *Stats) uint64 { return s.SentinelsStored }),
 		c("sentinels_returned", "Own sentinel records received back.", func(s *Stats) uint64 { return s.SentinelsReturned }),

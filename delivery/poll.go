@@ -24,6 +24,10 @@ const (
 	maxUnsynced = 16
 )
 
+// errTransient marks a Get the server refused for now on a stream that goes on: the poll loop
+// retries after a backoff, holding on to its leases and its waiting Fetch calls.
+var errTransient = errors.New("delivery: transient refusal")
+
 // pollState is what the poll loop knows between Gets.
 type pollState struct {
 	// known is a lower bound on the messages still waiting, from the last QueuesInfo minus
@@ -77,6 +81,15 @@ func (c *Consumer) pollLoop() {
 		}
 		broken, err := c.pollOnce(ds, demand, &st)
 		gets++
+		if errors.Is(err, errTransient) {
+			c.st.transient.Add(1)
+			c.log.Debug("get refused for now; retrying", zap.Error(err))
+			st = pollState{}
+			if !c.pause(bo.next()) {
+				return
+			}
+			continue
+		}
 		if err != nil {
 			st = pollState{}
 			if broken {
@@ -165,7 +178,7 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bool, err error) {
 	want := int64(min(demand, c.opts.MaxBatch))
 	if st.known < want {
-		n, err := c.waiting()
+		n, err := c.b.Waiting(c.pollCtx, c.queue)
 		if err != nil {
 			return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
 		}
@@ -183,7 +196,14 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	cancel()
 	c.st.gets.Add(1)
 	if err != nil {
-		return true, fmt.Errorf("delivery: get from %s: %w", c.queue, err)
+		err = fmt.Errorf("delivery: get from %s: %w", c.queue, err)
+		if ds.Err() == nil && c.b.Retryable(err) {
+			// The server refused this Get for now (the real server's "Error 302:
+			// connection not available, please retry" under load): no transaction was
+			// opened and the stream goes on, so nothing held is given up.
+			return false, fmt.Errorf("%w: %w", errTransient, err)
+		}
+		return true, err
 	}
 	if len(msgs) < maxItems {
 		st.known = 0 // the estimate was off, or the queue ran dry: ask again
@@ -227,27 +247,6 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	}
 	st.unsynced = 0
 	return false, nil
-}
-
-// waiting asks how many messages wait. Asked while this stream holds no transaction, a backend
-// that also counts consumers reveals another reader of the queue; that is reported (a counter, and
-// a warning at most once a minute), since concurrent transactions on one queue make the real
-// server redeliver acked messages and occasionally lose one (kubemq-api.md 8.8).
-func (c *Consumer) waiting() (int64, error) {
-	cc, ok := c.b.(ConsumerCounter)
-	if !ok {
-		return c.b.Waiting(c.pollCtx, c.queue)
-	}
-	n, others, err := cc.QueueState(c.pollCtx, c.queue)
-	if err == nil && others > 0 {
-		c.st.otherConsumers.Add(1)
-		now := time.Now().UnixNano()
-		if last := c.st.lastOtherWarn.Load(); now-last > int64(time.Minute) && c.st.lastOtherWarn.CompareAndSwap(last, now) {
-			c.log.Warn("another consumer reads this queue (a second proxy replica or a native client): concurrent transactions on one KubeMQ queue can redeliver acked messages and lose some; route the queue's consumers to one replica",
-				zap.String("queue", c.queue), zap.Int64("consumers", others))
-		}
-	}
-	return n, err
 }
 
 // batch is what one Get turns into: new leases, re-armed and recovered ones, and the records

@@ -41,8 +41,9 @@ type dsStream struct {
 
 // QueuesDownstream serves Get and settlement requests one at a time, in order: a waiting Get
 // delays the requests behind it, as on the real server (kubemq-api.md 5.4.3, 8.3). Only errors
-// are answered, besides Get and ActiveOffsets. When the stream ends, every open transaction's
-// unsettled messages go back with the same sequence and receive count.
+// are answered, besides Get and ActiveOffsets. When the stream ends (the client cancels it; a
+// half-close alone does not end it), every open transaction's unsettled messages go back with
+// the same sequence and receive count.
 func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesDownstreamRequest, kubemqpb.QueuesDownstreamResponse]) error {
 	ctx := stream.Context()
 	ds := &dsStream{s: s, txs: map[string]*dsTx{}, ctx: ctx, done: make(chan struct{})}
@@ -71,7 +72,9 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 		}
 		if r.err != nil {
 			if r.err == io.EOF {
-				return nil
+				// As on the real server, a half-close ends nothing: the stream and its
+				// transactions stay until the client cancels (kubemq-api.md 5.9).
+				return s.awaitStreamEnd(ctx)
 			}
 			return r.err
 		}
@@ -164,10 +167,11 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 		q.txOwner = tx
 	}
 	q.consumers++
-	got, _, moves := q.takeLocked(now, max, maxDeliveryBytes, nil)
+	q.read = true
+	got, _, dropped, moves := q.takeLocked(now, max, maxDeliveryBytes, nil, true)
 	var w *waiter
-	if len(got) < max && !budgetFull(got) {
-		w = &waiter{max: max, maxBytes: maxDeliveryBytes, got: got, done: make(chan struct{})}
+	if len(got)+dropped < max && !budgetFull(got) {
+		w = &waiter{max: max - dropped, maxBytes: maxDeliveryBytes, got: got, done: make(chan struct{})}
 		for _, qm := range got {
 			w.bytes += qm.cost()
 		}
@@ -216,7 +220,7 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 		tx.shown[i] = qm.storedRC() + 1
 		resp.Messages[i] = qm.delivery(tx.shown[i])
 	}
-	if req.AutoAck || len(got) == 0 {
+	if req.AutoAck || (len(got) == 0 && dropped == 0) {
 		q.mu.Lock()
 		q.settleLocked(got)
 		ds.releaseLocked(tx)
@@ -225,6 +229,10 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 		ds.remember(tx)
 		return resp, false
 	}
+	// A Get whose slots went to expired or dead-lettered messages alone answers empty and
+	// still holds its transaction open, as the real server does (kubemq-api.md 5.9): the client
+	// must settle it (AckAll or CloseByClient) before the queue is read again; in strict mode the
+	// next Get is refused until then.
 	tx.open = make(map[uint64]int, len(got))
 	for i, qm := range got {
 		tx.open[qm.seq()] = i
@@ -414,7 +422,7 @@ func (ds *dsStream) settle(req *kubemqpb.QueuesDownstreamRequest) *kubemqpb.Queu
 	case kubemqpb.QueuesDownstreamRequestType_NAckAll, kubemqpb.QueuesDownstreamRequestType_NAckRange:
 		s.nack(tx.q, qms, shown)
 	default:
-		s.moveTo(tx.q, qms, req.ReQueueChannel, true)
+		s.moveTo(tx.q, qms, req.ReQueueChannel)
 	}
 	ds.completeIfDone(tx)
 	if bad != "" {

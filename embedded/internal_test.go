@@ -83,7 +83,7 @@ func TestLogSegmentsAreDeletedWhenSettled(t *testing.T) {
 	}
 	q := s.getQueue("q", false)
 	q.mu.Lock()
-	got, _, _ := q.takeLocked(s.now().UnixNano(), 1<<30, 1<<62, nil)
+	got, _, _, _ := q.takeLocked(s.now().UnixNano(), 1<<30, 1<<62, nil, false)
 	q.settleLocked(got)
 	q.mu.Unlock()
 	s.store.maintain() // snapshot after the last rotation...

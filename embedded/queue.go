@@ -117,7 +117,8 @@ type queue struct {
 	sent      int64
 	delivered int64
 	waiters   []*waiter
-	consumers int64 // downstream Gets waiting or holding, streams holding (QueuesInfo Subscribers)
+	consumers int64 // downstream Gets waiting or holding, streams holding
+	read      bool  // some consumer has read the queue (QueuesInfo Subscribers stays at least 1)
 
 	// txOwner is the downstream transaction that currently holds or waits on this queue; strict
 	// mode allows one at a time (kubemq-api.md 8.8).
@@ -218,21 +219,27 @@ type pendingMove struct {
 
 // takeLocked removes up to max visible messages (and maxBytes) for a consumer. Expired messages
 // and messages over their receive limit met on the way are removed (the latter dead-lettered
-// through moves) and counted, like the real server does during a read.
-func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg) (out []*qmsg, expired int, moves []pendingMove) {
+// through moves) and counted, like the real server does during a read. With dropsTakeSlots they
+// also count toward max, as in a downstream Get on the real server, whose transaction receives
+// them before it leaves them out (kubemq-api.md 5.9).
+// dropped counts every message removed, expired or over its limit.
+func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, dropsTakeSlots bool) (out []*qmsg, expired, dropped int, moves []pendingMove) {
 	var bytes int64
 	for _, qm := range got {
 		bytes += qm.cost()
 	}
-	var dropped []uint64
+	var gone []uint64
 	for len(got) < max && bytes < maxBytes {
+		if dropsTakeSlots && len(got)+len(gone) >= max {
+			break
+		}
 		qm := q.popLocked()
 		if qm == nil {
 			break
 		}
 		if qm.expiredAt(now) {
 			expired++
-			dropped = append(dropped, qm.seq())
+			gone = append(gone, qm.seq())
 			q.forgetLocked(qm)
 			continue
 		}
@@ -240,7 +247,7 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg) (out
 			if mv, ok := deadLetter(q.name, qm); ok {
 				moves = append(moves, mv)
 			}
-			dropped = append(dropped, qm.seq())
+			gone = append(gone, qm.seq())
 			q.forgetLocked(qm)
 			continue
 		}
@@ -249,10 +256,10 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg) (out
 		q.held++
 		q.delivered++
 	}
-	if len(dropped) > 0 {
-		q.s.logQueueDel(q.name, dropped)
+	if len(gone) > 0 {
+		q.s.logQueueDel(q.name, gone)
 	}
-	return got, expired, moves
+	return got, expired, len(gone), moves
 }
 
 // forgetLocked drops a stored copy from the counters (it is no longer in ready or held).
@@ -346,13 +353,11 @@ func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
 }
 
 // requeueCopy is qm moved to another queue by ReQueue or Resend: new copy, receive count reset.
-func requeueCopy(from, to string, qm *qmsg, rerouted bool) *kubemqpb.QueueMessage {
+// Neither sets ReRouted or ReRoutedFromQueue: the real server leaves them unset on a ReQueue too
+// (kubemq-api.md 5.9); only a dead-letter move sets them.
+func requeueCopy(to string, qm *qmsg) *kubemqpb.QueueMessage {
 	m := qm.m
 	a := &kubemqpb.QueueMessageAttributes{ExpirationAt: m.Attributes.ExpirationAt}
-	if rerouted {
-		a.ReRouted = true
-		a.ReRoutedFromQueue = from
-	}
 	p := m.Policy
 	return &kubemqpb.QueueMessage{
 		MessageID: m.MessageID, ClientID: m.ClientID, Channel: to, Metadata: m.Metadata,
@@ -431,11 +436,11 @@ func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
 }
 
 // moveTo moves held copies of q to another queue (ReQueue, Resend): copy first, then settle.
-func (s *Server) moveTo(q *queue, qms []*qmsg, to string, rerouted bool) {
+func (s *Server) moveTo(q *queue, qms []*qmsg, to string) {
 	now := s.now().UnixNano()
 	moves := make([]pendingMove, len(qms))
 	for i, qm := range qms {
-		moves[i] = pendingMove{to: to, m: requeueCopy(q.name, to, qm, rerouted)}
+		moves[i] = pendingMove{to: to, m: requeueCopy(to, qm)}
 	}
 	s.applyMoves(moves, now)
 	q.mu.Lock()

@@ -29,7 +29,8 @@ func (s *Server) collect(ctx context.Context, q *queue, max int, wait time.Durat
 	now := s.now().UnixNano()
 	q.mu.Lock()
 	q.consumers++
-	got, expired, moves := q.takeLocked(now, max, maxDeliveryBytes, nil)
+	q.read = true
+	got, expired, _, moves := q.takeLocked(now, max, maxDeliveryBytes, nil, false)
 	var w *waiter
 	if len(got) < max && !budgetFull(got) {
 		w = &waiter{max: max, maxBytes: maxDeliveryBytes, got: got, done: make(chan struct{})}
@@ -187,9 +188,16 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 	info := &kubemqpb.QueuesInfo{}
 	for _, q := range qs {
 		q.mu.Lock()
+		// As on the real server (kubemq-api.md 5.9): Waiting counts the messages held in open
+		// transactions too, and Subscribers stays at 1 once the queue has been read, so
+		// neither tells who else reads the queue.
+		subs := q.consumers
+		if q.read {
+			subs = max(subs, 1)
+		}
 		qi := &kubemqpb.QueueInfo{
 			Name: q.name, Messages: q.count, Bytes: q.bytes, LastSequence: int64(q.lastSeq),
-			Sent: q.sent, Delivered: q.delivered, Waiting: q.waitingLocked(), Subscribers: q.consumers,
+			Sent: q.sent, Delivered: q.delivered, Waiting: q.waitingLocked() + q.held, Subscribers: subs,
 		}
 		if q.head < len(q.ready) {
 			qi.FirstSequence = int64(q.ready[q.head].seq())
@@ -397,7 +405,7 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				}
 				continue
 			}
-			s.moveTo(q, []*qmsg{held}, req.Channel, false)
+			s.moveTo(q, []*qmsg{held}, req.Channel)
 			held = nil
 			return reply(req, nil, "")
 		case kubemqpb.StreamRequestType_SendModifiedMessage:

@@ -246,9 +246,25 @@ func (s *Server) QueuesUpstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesU
 	close(out)
 	serr := <-sendErr
 	if recvErr == io.EOF {
-		return serr
+		if serr != nil {
+			return serr
+		}
+		// The real server never ends an upstream stream after the client's half-close
+		// (kubemq-api.md 5.9): a client that waits for the end waits until it cancels.
+		return s.awaitStreamEnd(stream.Context())
 	}
 	return recvErr
+}
+
+// awaitStreamEnd holds a stream the client half-closed until the client cancels it or the
+// server shuts down, as the real server holds its queue streams.
+func (s *Server) awaitStreamEnd(ctx context.Context) error {
+	select {
+	case <-s.ctx.Done():
+		return errShutdown()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // recvd is one result of a stream's Recv.

@@ -255,9 +255,10 @@ func (d *Downstream) abandonTx(resp *pb.QueuesDownstreamResponse) {
 }
 
 // Get asks for up to MaxItems messages and returns them as a transaction
-// (possibly empty). It returns when MaxItems are in hand or after Wait. If
-// ctx ends first, the transaction is closed when its answer arrives.
-// Repeated sequences in the server's answer are removed.
+// (possibly empty; an empty one holds nothing and needs no settlement). It
+// returns when MaxItems are in hand or after Wait. If ctx ends first, the
+// transaction is closed when its answer arrives. Repeated sequences in the
+// server's answer are removed.
 func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error) {
 	const op = "Get"
 	if err := ValidChannel(g.Channel); err != nil {
@@ -290,6 +291,17 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 		return nil, err
 	}
 	tx := &Transaction{ID: rep.resp.GetTransactionId(), Channel: g.Channel}
+	if len(rep.resp.GetMessages()) == 0 && tx.ID != "" {
+		// A Get whose slots went to expired messages answers empty at once and keeps its
+		// transaction open on the real server, where it swallows the next messages of the
+		// queue until it is settled (kubemq-api.md 5.9). Close every empty one: after a Get
+		// that merely waited, the transaction is already closed and the server ignores this.
+		if err := d.send("Get", &pb.QueuesDownstreamRequest{
+			RequestTypeData: pb.QueuesDownstreamRequestType_CloseByClient, RefTransactionId: tx.ID,
+		}, &dsReq{}, false); err != nil {
+			return nil, err
+		}
+	}
 	tx.Messages = make([]QueueMessage, 0, len(rep.resp.GetMessages()))
 	for _, m := range rep.resp.GetMessages() {
 		tx.Messages = append(tx.Messages, queueMessageFromPB(m))
@@ -458,7 +470,7 @@ func (d *Downstream) read() {
 			closing := d.closing
 			d.mu.Unlock()
 			if closing {
-				// EOF after our CloseSend is the clean end.
+				// Close cancelled the stream (or the server ended it meanwhile).
 				err = closedErr("Downstream")
 			} else {
 				err = d.c.observe(wrapErr("Downstream", err))
@@ -579,9 +591,9 @@ func (d *Downstream) fail(err error) {
 // Close ends the stream cleanly (kubemq-api.md 8.7): it refuses new calls,
 // waits for outstanding requests (a waiting Get included) to be answered,
 // closes open transactions with CloseByClient, waits until those are
-// processed, then half-closes and reads until the server ends the stream.
-// The wait is bounded by the client's CloseTimeout plus the longest Get
-// wait used; past it the stream is cancelled.
+// processed, then cancels the stream. The wait is bounded by the client's
+// CloseTimeout plus the longest Get wait used; past it the stream is
+// cancelled anyway.
 func (d *Downstream) Close() error {
 	d.mu.Lock()
 	if d.closing {
@@ -624,21 +636,11 @@ func (d *Downstream) closeCleanly(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := d.barrier(ctx); err != nil {
-		return err
-	}
-	d.sendMu.Lock()
-	err := d.stream.CloseSend()
-	d.sendMu.Unlock()
-	if err != nil {
-		return wrapErr("Close", err)
-	}
-	select {
-	case <-d.done:
-		return nil
-	case <-ctx.Done():
-		return wrapErr("Close", ctx.Err())
-	}
+	// Every request is answered and nothing is held: cancelling the stream now strands
+	// nothing. A half-close would not do: the real server keeps a downstream stream open
+	// after the client's half-close and never ends it (kubemq-api.md 5.9), so Close
+	// ends it itself (the caller cancels).
+	return d.barrier(ctx)
 }
 
 // barrier waits until every request sent so far has been processed, by

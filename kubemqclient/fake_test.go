@@ -281,7 +281,7 @@ func TestUpstreamMatchesOutOfOrderResponses(t *testing.T) {
 type dsScript struct {
 	mu   sync.Mutex
 	reqs []*pb.QueuesDownstreamRequest
-	eof  chan struct{}
+	eof  chan struct{} // closed when the client has ended the stream
 }
 
 func (d *dsScript) types() []pb.QueuesDownstreamRequestType {
@@ -299,11 +299,12 @@ func (d *dsScript) serve(answer func(*pb.QueuesDownstreamRequest) *pb.QueuesDown
 	return func(s grpc.BidiStreamingServer[pb.QueuesDownstreamRequest, pb.QueuesDownstreamResponse]) error {
 		for {
 			r, err := s.Recv()
-			if err == io.EOF {
-				close(d.eof)
-				return nil
-			}
 			if err != nil {
+				// The client ended the stream: a half-close (EOF) or, as Close does, a cancel.
+				close(d.eof)
+				if err == io.EOF {
+					return nil
+				}
 				return err
 			}
 			d.mu.Lock()

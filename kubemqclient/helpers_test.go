@@ -83,13 +83,23 @@ func openDS(t testing.TB, c *kc.Client) *kc.Downstream {
 	return ds
 }
 
+// get runs one Get. A Get the server refuses for now on a stream that goes on (the real
+// server's "Error 302: connection not available, please retry" under load) opened nothing and
+// is sent again, as the proxy's poller does.
 func get(t testing.TB, ds *kc.Downstream, ch string, max int, wait time.Duration) *kc.Transaction {
 	t.Helper()
-	tx, err := ds.Get(timeout(t, wait+10*time.Second), kc.GetRequest{Channel: ch, MaxItems: max, Wait: wait})
-	if err != nil {
-		t.Fatalf("Get(%s, %d): %v", ch, max, err)
+	ctx := timeout(t, wait+10*time.Second)
+	for {
+		tx, err := ds.Get(ctx, kc.GetRequest{Channel: ch, MaxItems: max, Wait: wait})
+		if err == nil {
+			return tx
+		}
+		if !kc.IsRetryable(err) || ds.Err() != nil || ctx.Err() != nil {
+			t.Fatalf("Get(%s, %d): %v", ch, max, err)
+		}
+		t.Logf("Get(%s, %d) refused for now, again: %v", ch, max, err)
+		time.Sleep(50 * time.Millisecond)
 	}
-	return tx
 }
 
 func ackAllSync(t testing.TB, ds *kc.Downstream, tx *kc.Transaction) {

@@ -61,7 +61,7 @@ type QueueAttributes struct {
 	Timestamp         time.Time // when this copy was stored
 	Sequence          uint64    // per queue, of this copy
 	ReceiveCount      int       // deliveries including this one
-	ReRouted          bool      // arrived through a dead-letter move or requeue
+	ReRouted          bool      // arrived through a dead-letter move (a ReQueue leaves it unset)
 	ReRoutedFromQueue string
 	ExpirationAt      time.Time // zero = none
 	DelayedTo         time.Time // zero once the delay was served

@@ -218,7 +218,7 @@ func (g *upGen) idleChan() <-chan struct{} {
 }
 
 // Close waits (up to the client's CloseTimeout) for calls in flight, then
-// half-closes the stream and waits for the server to end it.
+// ends the stream.
 func (u *Upstream) Close() error {
 	u.mu.Lock()
 	if u.closed {
@@ -243,13 +243,9 @@ func (u *Upstream) Close() error {
 		<-g.done
 		return nil
 	}
-	g.sendMu.Lock()
-	_ = g.stream.CloseSend()
-	g.sendMu.Unlock()
-	select {
-	case <-g.done:
-	case <-ctx.Done():
-	}
+	// Every call has its answer: end the stream. The real server never ends an upstream
+	// stream after the client's half-close (kubemq-api.md 5.9), so waiting for it would
+	// only wait out CloseTimeout.
 	g.fail(closedErr("Upstream"))
 	<-g.done
 	return nil

@@ -302,12 +302,6 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 
 	w := recordWriter{maxBytes: c.opts.MaxRecordBytes}
-	for _, m := range data {
-		w.reserve(entryOverhead + len(m.ID) + len(m.Metadata) + len(m.Body) + 32*len(m.Tags))
-	}
-	for _, r := range recs {
-		w.reserve(len(r.Body))
-	}
 	addEntry := func(owner ownerID, l *lease, gen uint32, exp int64) {
 		w.add(&recordEntry{owner: owner, lease: l.key, gen: gen, attempt: l.attempt, expiresAt: exp, msg: &l.msg})
 		b.entries++
@@ -422,7 +416,7 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 		close(ch)
 	}
 	for _, raw := range bounce {
-		w.addRaw(raw, nil)
+		w.addRaw(raw)
 		b.entries++
 	}
 	b.records = w.finish()
@@ -432,9 +426,6 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	c.st.recovered.Add(uint64(len(recover)))
 	return b
 }
-
-// entryOverhead approximates an entry's size beyond its message fields.
-const entryOverhead = 64
 
 // randomKeys mints n lease keys with one crypto/rand read.
 func randomKeys(n int) []leaseKey {

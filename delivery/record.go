@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -95,8 +96,9 @@ func (e *recordEntry) size() int {
 
 func zigzag(v int64) uint64 { return uint64(v<<1) ^ uint64(v>>63) }
 
-func appendEntry(b []byte, e *recordEntry) []byte {
-	b = binary.AppendUvarint(b, uint64(e.size()))
+// appendEntry appends e with its length prefix; size is e.size().
+func appendEntry(b []byte, e *recordEntry, size int) []byte {
+	b = binary.AppendUvarint(b, uint64(size))
 	b = append(b, e.owner[:]...)
 	b = append(b, e.lease[:]...)
 	b = binary.AppendUvarint(b, uint64(e.gen))
@@ -123,52 +125,60 @@ func appendStr(b []byte, s string) []byte {
 }
 
 // recordWriter packs entries into record bodies of at most maxBytes each (an entry larger than
-// that gets a record of its own).
+// that gets a record of its own). It keeps the entries until finish, which allocates every body
+// at its exact size: a body stays alive as long as KubeMQ (the embedded server in process) or a
+// lease recovered from it holds a reference, so spare capacity would be kept that long too.
 type recordWriter struct {
 	maxBytes int
-	expect   int // bytes still expected (reserve), so a body is allocated once, not grown
-	bodies   [][]byte
-	cur      []byte
+	items    []recordItem
 }
 
-// reserve announces about n more bytes of entries.
-func (w *recordWriter) reserve(n int) { w.expect += n }
+// recordItem is one entry to write: raw (an encoded entry, bounced unchanged) or e.
+type recordItem struct {
+	raw  []byte
+	e    recordEntry
+	size int // e's encoded size without its length prefix
+}
+
+func (it *recordItem) len() int {
+	if it.raw != nil {
+		return len(it.raw)
+	}
+	return uvarintLen(uint64(it.size)) + it.size
+}
 
 func (w *recordWriter) add(e *recordEntry) {
-	w.addRaw(nil, e)
+	w.items = append(w.items, recordItem{e: *e, size: e.size()})
 }
 
-// addRaw appends raw (an encoded entry, bounced unchanged) or, when raw is nil, e.
-func (w *recordWriter) addRaw(raw []byte, e *recordEntry) {
-	n := len(raw)
-	if raw == nil {
-		s := e.size()
-		n = uvarintLen(uint64(s)) + s
-	}
-	if len(w.cur) > 0 && len(w.cur)+n > w.maxBytes {
-		w.bodies = append(w.bodies, w.cur)
-		w.cur = nil
-	}
-	if w.cur == nil {
-		w.cur = make([]byte, 0, min(max(n, w.maxBytes), max(n, w.expect, 64<<10)))
-	}
-	w.expect = max(w.expect-n, 0)
-	if raw != nil {
-		w.cur = append(w.cur, raw...)
-	} else {
-		w.cur = appendEntry(w.cur, e)
-	}
+// addRaw appends an encoded entry unchanged.
+func (w *recordWriter) addRaw(raw []byte) {
+	w.items = append(w.items, recordItem{raw: raw})
 }
 
-// finish returns every record body written.
+// finish returns the record bodies, in entry order.
 func (w *recordWriter) finish() [][]byte {
-	if len(w.cur) > 0 {
-		w.bodies = append(w.bodies, w.cur)
-		w.cur = nil
+	var bodies [][]byte
+	for start := 0; start < len(w.items); {
+		end, n := start, 0
+		for end < len(w.items) && (end == start || n+w.items[end].len() <= w.maxBytes) {
+			n += w.items[end].len()
+			end++
+		}
+		b := make([]byte, 0, n)
+		for i := start; i < end; i++ {
+			it := &w.items[i]
+			if it.raw != nil {
+				b = append(b, it.raw...)
+			} else {
+				b = appendEntry(b, &it.e, it.size)
+			}
+		}
+		bodies = append(bodies, b)
+		start = end
 	}
-	b := w.bodies
-	w.bodies = nil
-	return b
+	w.items = nil
+	return bodies
 }
 
 var errRecord = errors.New("delivery: malformed lease record")
@@ -238,15 +248,16 @@ func decodeEntry(b []byte) (entry, error) {
 	return e, nil
 }
 
-// message decodes the entry's message fields (validated by decodeRecord). Body aliases the
-// record's buffer.
+// message decodes the entry's message fields (validated by decodeRecord). Body is a copy: a
+// lease recovered from the entry may outlive the rest of the record by far, and must not keep
+// the whole record alive.
 func (e *entry) message() Message {
 	r := reader{b: e.msg}
 	m := Message{Stored: e.stored}
 	m.ID = string(r.bytes())
 	m.Metadata = string(r.bytes())
 	if b := r.bytes(); len(b) > 0 {
-		m.Body = b[:len(b):len(b)]
+		m.Body = bytes.Clone(b)
 	}
 	if nt := r.uvarint(); nt > 0 {
 		m.Tags = make(map[string]string, nt)

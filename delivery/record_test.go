@@ -63,7 +63,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	// Bouncing raw entries reproduces the bytes exactly.
 	w2 := recordWriter{maxBytes: 1 << 20}
 	for _, e := range out {
-		w2.addRaw(e.raw, nil)
+		w2.addRaw(e.raw)
 	}
 	var all []byte
 	for _, b := range bodies {
@@ -83,6 +83,30 @@ func TestRecordOversizedEntryGetsOwnRecord(t *testing.T) {
 	w.add(small)
 	if got := w.finish(); len(got) != 3 {
 		t.Fatalf("got %d records, want 3 (small | big | small)", len(got))
+	}
+}
+
+// A record body is allocated at its exact size: it lives as long as KubeMQ (the in-process
+// embedded server) or a lease recovered from it refers to it, so spare capacity would be kept
+// alive that long (a one-entry record once held 64 KiB).
+func TestRecordBodiesHaveExactSize(t *testing.T) {
+	w := recordWriter{maxBytes: 4096}
+	for i := range 20 {
+		w.add(testEntry(i + 1))
+	}
+	raw, err := decodeRecord(w.finish()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.addRaw(raw[0].raw)
+	w.add(testEntry(30))
+	bodies := w.finish()
+	w.add(testEntry(31))
+	bodies = append(bodies, w.finish()...)
+	for i, b := range bodies {
+		if cap(b) != len(b) {
+			t.Errorf("record %d: %d bytes in a buffer of %d", i, len(b), cap(b))
+		}
 	}
 }
 
@@ -171,7 +195,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		if err == nil && len(es) > 0 {
 			w := recordWriter{maxBytes: 1 << 30}
 			for _, e := range es {
-				w.addRaw(e.raw, nil)
+				w.addRaw(e.raw)
 			}
 			again, err := decodeRecord(w.finish()[0])
 			if err != nil || len(again) != len(es) {

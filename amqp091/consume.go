@@ -19,6 +19,10 @@ const (
 	// getWait bounds basic.get's wait for a message KubeMQ reported as
 	// waiting; after it the answer is get-empty.
 	getWait = 3 * time.Second
+	// uncountedGetWait bounds basic.get on a queue KubeMQ cannot count
+	// (kubemqclient.Ambiguous): one Get of the poll loop, which waits a
+	// second on an empty queue.
+	uncountedGetWait = 1500 * time.Millisecond
 	// replyToQueue is RabbitMQ's direct reply-to pseudo queue.
 	replyToQueue = "amq.rabbitmq.reply-to"
 	// readAhead is how many leases a consumer with a small prefetch window
@@ -396,17 +400,18 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	if err != nil {
 		return err
 	}
-	waiting, err := c.srv.waiting(c.ctx, q)
+	waiting, known, err := c.srv.waiting(c.ctx, q)
 	if err != nil {
 		return err
 	}
-	if waiting == 0 {
+	// A queue KubeMQ cannot count is asked directly (the Fetch below).
+	if known && waiting == 0 {
 		st := h.Consumer().Stats()
 		if st.Buffered == 0 && st.Leases-st.Out > 0 {
 			// Deliveries just given back (nack, reject, recover) are being
 			// stored again: RabbitMQ would already have them in the queue.
 			waitRequeued(h, requeueWait)
-			if waiting, err = c.srv.waiting(c.ctx, q); err != nil {
+			if waiting, _, err = c.srv.waiting(c.ctx, q); err != nil {
 				return err
 			}
 			st = h.Consumer().Stats()
@@ -420,7 +425,11 @@ func (ch *channel) get(m *wire.BasicGet) error {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, getWait)
+	wait := getWait
+	if !known {
+		wait = uncountedGetWait
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, wait)
 	ds, err := h.Fetch(ctx, 1)
 	cancel()
 	if err != nil {

@@ -361,7 +361,7 @@ func (ch *channel) declareOk(q *queue, noWait bool) error {
 	if noWait {
 		return nil
 	}
-	n, err := ch.c.srv.waiting(ch.c.ctx, q)
+	n, _, err := ch.c.srv.waiting(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
 	if err != nil {
 		return err
 	}
@@ -416,11 +416,12 @@ func (ch *channel) queueDelete(m *wire.QueueDelete) error {
 		}
 	}
 	if m.IfEmpty {
-		n, err := ch.c.srv.waiting(ch.c.ctx, q)
+		n, known, err := ch.c.srv.waiting(ch.c.ctx, q)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
+		// A queue KubeMQ cannot count is not known to be empty.
+		if n > 0 || !known {
 			return wire.PreconditionFailed("%s not empty", rsQueue(name, vn))
 		}
 	}

@@ -410,25 +410,28 @@ func (s *Server) watchReady() {
 }
 
 // waiting returns how many messages wait in q (KubeMQ's count).
-func (s *Server) waiting(ctx context.Context, q *queue) (uint32, error) {
+func (s *Server) waiting(ctx context.Context, q *queue) (n uint32, known bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	info, err := s.b.QueuesInfo(ctx, q.channel)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	qi, ok := info.Queue(q.channel)
-	if !ok || qi.Waiting <= 0 {
-		return 0, nil
+	qi, l := info.Lookup(q.channel)
+	switch {
+	case l == kubemqclient.Ambiguous:
+		return 0, false, nil // the server lists another queue under the same name
+	case l == kubemqclient.NotListed || qi.Waiting <= 0:
+		return 0, true, nil
 	}
-	return uint32(min(qi.Waiting, 1<<32-1)), nil
+	return uint32(min(qi.Waiting, 1<<32-1)), true, nil
 }
 
 // purge removes the messages waiting in q. KubeMQ's purge waits at least
-// a second, so an empty queue is not purged at all.
+// a second, so a queue known to be empty is not purged at all.
 func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
-	n, err := s.waiting(ctx, q)
-	if err != nil || n == 0 {
+	n, known, err := s.waiting(ctx, q)
+	if err != nil || (known && n == 0) {
 		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

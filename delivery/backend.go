@@ -20,7 +20,8 @@ type Message struct {
 // Backend is the part of the KubeMQ client the engine needs. *kubemqclient.Client satisfies it
 // through NewKubeMQBackend. All methods are safe for concurrent use.
 type Backend interface {
-	// Waiting returns how many messages wait in queue (QueuesInfo's Waiting count).
+	// Waiting returns how many messages wait in queue (QueuesInfo's Waiting count), or -1 when
+	// the server cannot tell (kubemqclient.Ambiguous).
 	Waiting(ctx context.Context, queue string) (int64, error)
 	// Send stores msgs in queue as one batch. A non-nil error means nothing is known to be
 	// stored; otherwise results[i] is nil when msgs[i] is stored and its error if not.

@@ -159,6 +159,48 @@ func TestBacklogDrainsInBatches(t *testing.T) {
 	})
 }
 
+// A queue the server cannot count (its QueuesInfo entry is shared with another queue) still
+// drains in large batches: Get sizes double while they come back full.
+func TestBacklogDrainsWithoutACount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		f.uncounted = true
+		f.send(t, testQueue, ids(2000, "m")...)
+		c, _ := newTestConsumer(t, f, Options{})
+		defer closeConsumer(t, c)
+		start := time.Now()
+		n := 0
+		for n < 2000 {
+			ds, err := c.Fetch(context.Background(), 500)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(ds)
+			c.Ack(leaseIDs(ds)...)
+		}
+		if st := c.Stats(); st.Gets > 16 {
+			t.Errorf("%d Gets for 2000 messages", st.Gets)
+		}
+		// Only the Get that finds the backlog's end short waits its second.
+		if el := time.Since(start); el > 1100*time.Millisecond {
+			t.Errorf("draining took %v of fake time: more than one Get waited", el)
+		}
+		// An empty queue: a Get of 1 waits its second; the next message comes at once.
+		got := make(chan []*Delivery, 1)
+		go func() {
+			ds, _ := c.Fetch(context.Background(), 10)
+			got <- ds
+		}()
+		time.Sleep(3 * time.Second)
+		f.send(t, testQueue, "late")
+		synctest.Wait()
+		if ds := <-got; len(ds) != 1 || ds[0].MessageID != "late" {
+			t.Fatalf("after the backlog: %v", ds)
+		}
+		checkNoViolations(t, f)
+	})
+}
+
 func TestAckedNeverRedelivered(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeKubeMQ(t)

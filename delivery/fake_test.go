@@ -25,6 +25,7 @@ type fakeKubeMQ struct {
 	sendFail   func(queue string, msgs []Message) ([]error, error) // nil = store everything
 	ambiguous  func(queue string, msgs []Message) bool             // true: store, then report failure
 	getFail    func(queue string) error                            // non-nil: the Get is refused, the stream goes on
+	uncounted  bool                                                // Waiting answers -1 (kubemqclient.Ambiguous)
 	sends      int
 }
 
@@ -147,6 +148,9 @@ func (c *fakeClient) Waiting(ctx context.Context, queue string) (int64, error) {
 	f := c.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.uncounted {
+		return -1, nil
+	}
 	q := f.queue(queue)
 	f.promoteLocked(q, time.Now())
 	return int64(len(q.ready)), nil

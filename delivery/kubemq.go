@@ -17,7 +17,10 @@ func (k kubemqBackend) Waiting(ctx context.Context, queue string) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	qi, _ := info.Queue(queue) // a queue nobody sent to yet is not listed: 0 waiting
+	qi, l := info.Lookup(queue) // a queue nobody sent to yet is not listed: 0 waiting
+	if l == kubemqclient.Ambiguous {
+		return -1, nil
+	}
 	return qi.Waiting, nil
 }
 

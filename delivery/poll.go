@@ -37,6 +37,10 @@ type pollState struct {
 	// replica) can make it too high; a Get that then comes back short resets it.
 	known    int64
 	unsynced int // batches acked since the last Sync
+	// probe sizes the next Get while the server cannot count the queue (Waiting -1): it
+	// doubles while Gets come back full and falls back to 1 when one comes back short, so a
+	// backlog still drains in large batches and an empty queue costs a 1 s wait per Get only.
+	probe int
 }
 
 // pollLoop owns the downstream stream (and so the only open transaction on the queue). It polls
@@ -183,10 +187,18 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 			return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
 		}
 		st.known = max(n, 0)
+		if n >= 0 {
+			st.probe = 0
+		} else if st.probe == 0 {
+			st.probe = 1
+		}
 	}
 	maxItems := 1
-	if st.known > 0 {
+	switch {
+	case st.known > 0:
 		maxItems = int(min(st.known, want))
+	case st.probe > 0:
+		maxItems = int(min(int64(st.probe), want))
 	}
 	// Stream operations never take the Consumer's cancellation: cancelling a stream with a Get
 	// outstanding can strand messages on the real server (kubemq-api.md 8.7).
@@ -209,6 +221,13 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 		st.known = 0 // the estimate was off, or the queue ran dry: ask again
 	} else {
 		st.known -= int64(len(msgs))
+	}
+	if st.probe > 0 {
+		if len(msgs) < maxItems {
+			st.probe = 1
+		} else {
+			st.probe = min(2*st.probe, c.opts.MaxBatch)
+		}
 	}
 	if len(msgs) == 0 {
 		return false, nil // an empty Get completes its transaction

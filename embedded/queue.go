@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
@@ -138,9 +139,18 @@ func (s *Server) getQueue(name string, create bool) *queue {
 	if q = s.queues[name]; q == nil {
 		q = &queue{s: s, name: name}
 		s.queues[name] = q
+		ln := listedName(name)
+		s.listed[ln] = append(s.listed[ln], q)
 	}
 	return q
 }
+
+// listedName is the name QueuesInfo lists a queue under, and matches its filter against: as on
+// the real server, leading and trailing '_', 'Q', 'U', 'E', 'S' and '.' are cut off (the real
+// server takes the name out of its internal subject "_QUEUES_.<name>" by trimming those
+// characters; kubemq-api.md 5.9). So "ORDERS" is listed as "ORDER", and "orderS" and "order"
+// share one name.
+func listedName(name string) string { return strings.Trim(name, "_QUES.") }
 
 // appendLocked stores m as a new copy at the tail with the next sequence and hands it to a waiter
 // if there is one. It returns the log position to wait for before acknowledging.

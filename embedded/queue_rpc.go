@@ -166,7 +166,10 @@ func (s *Server) AckAllQueueMessages(ctx context.Context, req *kubemqpb.AckAllQu
 	return resp, nil
 }
 
-// QueuesInfo reports per-queue statistics: all queues, or the ';'-separated exact names.
+// QueuesInfo reports per-queue statistics: all queues, or those listed under one of the
+// ';'-separated names. As on the real server, a queue is listed under listedName(name), and the
+// filter matches that name exactly: a queue whose name begins or ends with one of the trimmed
+// characters is found only under its trimmed name, and shares it with others (kubemq-api.md 5.9).
 func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) (*kubemqpb.QueuesInfoResponse, error) {
 	var qs []*queue
 	s.mu.RLock()
@@ -177,9 +180,9 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 	} else {
 		seen := map[string]bool{}
 		for _, n := range strings.Split(req.QueueName, ";") {
-			if q := s.queues[n]; q != nil && !seen[n] {
+			if !seen[n] {
 				seen[n] = true
-				qs = append(qs, q)
+				qs = append(qs, s.listed[n]...)
 			}
 		}
 	}
@@ -196,7 +199,7 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 			subs = max(subs, 1)
 		}
 		qi := &kubemqpb.QueueInfo{
-			Name: q.name, Messages: q.count, Bytes: q.bytes, LastSequence: int64(q.lastSeq),
+			Name: listedName(q.name), Messages: q.count, Bytes: q.bytes, LastSequence: int64(q.lastSeq),
 			Sent: q.sent, Delivered: q.delivered, Waiting: q.waitingLocked() + q.held, Subscribers: subs,
 		}
 		if q.head < len(q.ready) {

@@ -129,6 +129,7 @@ type Server struct {
 	// mu guards the name maps below; each queue and channel has its own lock for its contents.
 	mu       sync.RWMutex
 	queues   map[string]*queue
+	listed   map[string][]*queue // queues by the name QueuesInfo lists them under (listedName)
 	channels map[string]*eventChannel
 	durables map[string]*durable // events-store durable cursors by key
 	storeIDs map[string]bool     // ClientIDs holding an events-store subscription
@@ -155,6 +156,7 @@ func New(opts Options) (*Server, error) {
 		opts:     opts,
 		log:      opts.Logger.Named("kubemq-embedded"),
 		start:    opts.Now(),
+		listed:   map[string][]*queue{},
 		queues:   map[string]*queue{},
 		channels: map[string]*eventChannel{},
 		durables: map[string]*durable{},

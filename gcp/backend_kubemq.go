@@ -37,8 +37,9 @@ func (b kubemqBackend) queueKnown(ctx context.Context, queue string) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	_, ok := info.Queue(queue)
-	return ok, nil
+	// A listing shared with another queue (kubemqclient.Ambiguous) may be this one's.
+	_, l := info.Lookup(queue)
+	return l != kubemqclient.NotListed, nil
 }
 
 // purgeWait is AckAll's wait; the server raises it to 1 s anyway.
@@ -52,7 +53,8 @@ func (b kubemqBackend) purge(ctx context.Context, queue string) error {
 	if err != nil {
 		return err
 	}
-	if q, ok := info.Queue(queue); !ok || q.Waiting <= 0 {
+	// A queue KubeMQ cannot count (kubemqclient.Ambiguous) is purged anyway.
+	if q, l := info.Lookup(queue); l == kubemqclient.NotListed || (l == kubemqclient.Listed && q.Waiting <= 0) {
 		return nil
 	}
 	_, err = b.c.AckAllQueueMessages(ctx, queue, purgeWait)

@@ -86,8 +86,9 @@ func (c *Client) sendResults(op string, n int, rs []*kubemqpb.SendQueueMessageRe
 	return out, nil
 }
 
-// QueuesInfo returns statistics for the named queues (exact names), or for
-// every queue when no name is given.
+// QueuesInfo returns statistics for the named queues, or for every queue
+// when no name is given. Find a named queue's entry with QueuesInfo.Lookup:
+// the real server lists some names altered (ListedQueueName).
 func (c *Client) QueuesInfo(ctx context.Context, names ...string) (QueuesInfo, error) {
 	const op = "QueuesInfo"
 	if c.isClosed() {
@@ -98,8 +99,17 @@ func (c *Client) QueuesInfo(ctx context.Context, names ...string) (QueuesInfo, e
 			return QueuesInfo{}, err
 		}
 	}
+	// Ask for each name as it is and as the server lists it (ListedQueueName), so Lookup finds
+	// the queue whichever way the server names it.
+	filter := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		filter = append(filter, n)
+		if l := ListedQueueName(n); l != n && l != "" {
+			filter = append(filter, l)
+		}
+	}
 	t := c.startOp()
-	r, err := c.rpc.QueuesInfo(ctx, &kubemqpb.QueuesInfoRequest{RequestID: c.ids.next(), QueueName: strings.Join(names, ";")})
+	r, err := c.rpc.QueuesInfo(ctx, &kubemqpb.QueuesInfoRequest{RequestID: c.ids.next(), QueueName: strings.Join(filter, ";")})
 	if err != nil {
 		err = c.observe(wrapErr(op, err))
 		t.end(OpQueuesInfo, err)

@@ -2,6 +2,7 @@ package kubemqclient
 
 import (
 	"math"
+	"strings"
 	"time"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
@@ -88,7 +89,7 @@ type QueuesInfo struct {
 
 // QueueInfo is one queue's statistics.
 type QueueInfo struct {
-	Name          string
+	Name          string // as the server lists it (see ListedQueueName)
 	Messages      int64
 	Bytes         int64
 	FirstSequence int64
@@ -99,14 +100,57 @@ type QueueInfo struct {
 	Subscribers   int64
 }
 
-// Queue returns the statistics for name, and false when it is not listed.
-func (q QueuesInfo) Queue(name string) (QueueInfo, bool) {
+// Listing says what QueuesInfo tells of one queue.
+type Listing int
+
+const (
+	// NotListed: the server lists no queue under the name (never sent to).
+	NotListed Listing = iota
+	// Listed: the entry is the queue's.
+	Listed
+	// Ambiguous: several queues share the name the server lists this one under
+	// (ListedQueueName), so its statistics are unknown.
+	Ambiguous
+)
+
+// ListedQueueName is the name the real KubeMQ (v2.4.0) lists a queue under in QueuesInfo, and
+// matches a QueuesInfo filter against: leading and trailing '_', 'Q', 'U', 'E', 'S' and '.'
+// trimmed (it takes the name out of its internal subject "_QUEUES_.<name>" by trimming those
+// characters; kubemq-api.md 5.9). So "ORDERS" is listed as "ORDER", "orderS" and "order" share
+// one entry name, and a filter with the queue's own name does not find it.
+func ListedQueueName(name string) string { return strings.Trim(name, "_QUES.") }
+
+// Lookup finds name's entry in a QueuesInfo answer that asked for it. An entry under the exact
+// name is the queue's (a server that lists names as they are); otherwise the one entry under
+// ListedQueueName(name) is taken as the queue's, and several are Ambiguous. A listed name shared
+// with a queue that exists while this one does not is taken for this one: the server gives no
+// way to tell them apart.
+func (q QueuesInfo) Lookup(name string) (QueueInfo, Listing) {
+	listed := ListedQueueName(name)
+	var found QueueInfo
+	n := 0
 	for _, qi := range q.Queues {
-		if qi.Name == name {
-			return qi, true
+		if qi.Name == name && listed != name {
+			return qi, Listed
+		}
+		if qi.Name == listed {
+			found = qi
+			n++
 		}
 	}
-	return QueueInfo{}, false
+	switch n {
+	case 0:
+		return QueueInfo{}, NotListed
+	case 1:
+		return found, Listed
+	}
+	return QueueInfo{}, Ambiguous
+}
+
+// Queue returns name's entry, and false when it is not listed or the listing is Ambiguous.
+func (q QueuesInfo) Queue(name string) (QueueInfo, bool) {
+	qi, l := q.Lookup(name)
+	return qi, l == Listed
 }
 
 type failer interface{ failure() error }

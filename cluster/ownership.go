@@ -660,6 +660,7 @@ func (c *Cluster) readLocked(e readEvent) {
 		c.applyLocked(w.seq, w.ts, &w.ev)
 	}
 	c.warming = nil
+	c.applyLocked(e.seq, e.ts, &e.ev) // its sender is a member too
 	c.ready = true
 	close(c.readyCh)
 	c.log.Info("ownership log read up to now", zap.Uint64("sequence", e.seq), zap.Int("holdings", len(c.holders)))

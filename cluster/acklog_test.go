@@ -1,0 +1,91 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+func (e *testEnv) ackLog(window time.Duration) *AckLog {
+	e.t.Helper()
+	a, err := OpenAckLog(AckLogOptions{Client: e.dial(), Channel: e.channel + ".acks", Window: window, FlushEvery: 50 * time.Millisecond, Logger: zaptest.NewLogger(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = a.Close(context.Background()) })
+	return a
+}
+
+func newKey() Key {
+	var k Key
+	_, _ = rand.Read(k[:])
+	return k
+}
+
+func syncAcks(t *testing.T, a *AckLog) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAckLogSettlementsReachOtherReplicas(t *testing.T) {
+	e := newTestEnv(t)
+	a, b := e.ackLog(time.Minute), e.ackLog(time.Minute)
+	x, y := newKey(), newKey()
+	acked := make([]Key, 5000) // more than one batch
+	for i := range acked {
+		acked[i] = newKey()
+	}
+	other := newKey()
+	a.Settle("q", x, acked...)
+	syncAcks(t, a) // a's pending settlements are written first
+	syncAcks(t, b)
+	for i, k := range acked {
+		if !b.Settled(x, k) {
+			t.Fatalf("settlement %d of %d not seen by another replica", i, len(acked))
+		}
+	}
+	if b.Settled(x, other) || b.Settled(y, acked[0]) {
+		t.Fatal("an unsettled lease reads as settled")
+	}
+	// An owner that retires has every lease settled.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Retire(ctx, "q", y); err != nil {
+		t.Fatal(err)
+	}
+	syncAcks(t, b)
+	if !b.Settled(y, other) {
+		t.Fatal("a retired owner's lease reads as unsettled")
+	}
+	// A replica that starts later reads the window back.
+	c := e.ackLog(time.Minute)
+	syncAcks(t, c)
+	if !c.Settled(x, acked[4999]) || !c.Settled(y, other) {
+		t.Fatal("a later replica does not see earlier settlements")
+	}
+}
+
+func TestAckLogForgetsAfterTheWindow(t *testing.T) {
+	e := newTestEnv(t)
+	a := e.ackLog(300 * time.Millisecond)
+	x, k := newKey(), newKey()
+	a.Settle("q", x, k)
+	syncAcks(t, a)
+	if !a.Settled(x, k) {
+		t.Fatal("not settled")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Settled(x, k) {
+		if time.Now().After(deadline) {
+			t.Fatal("a settlement outlived its window")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -33,6 +33,40 @@ type Backend interface {
 	Retryable(err error) bool
 }
 
+// Settlements is a durable record of settled leases that every later owner of a queue reads
+// (cluster.AckLog is one). With it a Consumer writes there the leases it settles (acked, or given
+// back as a fresh copy, or dropped by BeforeRedeliver) and a marker when it closes with nothing
+// leased, and drops the returning entries of other owners that it reports settled instead of
+// redelivering them. Owner ids and lease keys are 16 random bytes each.
+type Settlements interface {
+	// Settle records that owner's leases keys are settled; it must not block.
+	Settle(queue string, owner [16]byte, keys ...[16]byte)
+	// Retire records that owner closed with every lease settled.
+	Retire(ctx context.Context, queue string, owner [16]byte) error
+	// Settled reports whether owner's lease key is known settled; it must not block.
+	Settled(owner, key [16]byte) bool
+	// Sync returns once every settlement written before it is readable through Settled.
+	Sync(ctx context.Context) error
+}
+
+// Owners decides which process consumes each queue when several share one KubeMQ
+// (cluster.Cluster does, through an adapter). A Manager with Owners claims a queue before it
+// starts its Consumer, gives the Consumer up when the holding is lost, and releases the holding
+// when the Consumer closes.
+type Owners interface {
+	// Claim makes this process the only consumer of queue until the holding is lost or
+	// released. When another process consumes the queue, the error wraps ErrNotOwner.
+	Claim(ctx context.Context, queue string) (Owned, error)
+}
+
+// Owned is one holding of Owners.
+type Owned interface {
+	// Lost is closed when the queue must no longer be consumed here.
+	Lost() <-chan struct{}
+	// Release gives the queue up once nothing consumes it here any more.
+	Release(ctx context.Context) error
+}
+
 // StateNotifier is an optional Backend interface. A Backend that can tell when KubeMQ becomes
 // unreachable lets the Manager drop every Consumer's leases at once, idle Consumers included (an
 // idle Consumer's poll loop would otherwise notice the outage only at its next Get, after the

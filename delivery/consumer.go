@@ -25,6 +25,12 @@ var (
 	// ErrBackendDown is the cause wrapped in ErrLeasesLost when the backend's readiness signal
 	// (StateNotifier) reported KubeMQ unreachable.
 	ErrBackendDown = errors.New("delivery: KubeMQ reported unreachable")
+	// ErrNotOwner: another process consumes the queue (Options.Owners); the error wraps the
+	// Owners' own, which says which.
+	ErrNotOwner = errors.New("delivery: another process consumes the queue")
+	// ErrHandedOver: this process's holding of the queue was lost (Options.Owners), the
+	// Consumer closed and gave its leases back; another process consumes the queue now.
+	ErrHandedOver = errors.New("delivery: the queue was handed over to another process")
 )
 
 // Options configure a Consumer (and every Consumer of a Manager).
@@ -68,6 +74,15 @@ type Options struct {
 	// OnLeasesLost, if set, is called (outside every lock) after the lease table was dropped
 	// because the backend failed, with the error and the number of leases dropped.
 	OnLeasesLost func(err error, leases int)
+
+	// Settlements, if set, records settled leases durably for the queue's next owner (see the
+	// interface).
+	Settlements Settlements
+	// Owners (Manager only), if set, makes every Consumer of the Manager the only consumer of
+	// its queue across the processes that share the KubeMQ (see the interface). Entries of
+	// another owner in returning records are then that owner's leftovers: redelivered at once
+	// unless Settlements reports them settled, instead of bounced until their expiry.
+	Owners Owners
 }
 
 func (o *Options) setDefaults() error {
@@ -201,6 +216,11 @@ type Consumer struct {
 	log   *zap.Logger
 	ids   idGen
 	st    counters
+	// exclusive: no other process consumes the queue while this Consumer runs (Options.Owners).
+	exclusive bool
+	// closeCause is what waiting Fetch calls get when the Consumer closes (ErrClosed, or
+	// ErrHandedOver); set once, before closing.
+	closeCause error
 
 	// mu guards the lease table and everything that refers to leases: owner, table, ready,
 	// waiters, want, heap, requeue, handles, closing, emptyCh, sentinels.
@@ -271,6 +291,8 @@ func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consum
 		queue:      queue,
 		b:          b,
 		opts:       opts,
+		exclusive:  opts.Owners != nil,
+		closeCause: ErrClosed,
 		log:        opts.Logger.Named("delivery").With(zap.String("queue", queue)),
 		ids:        newIDGen(),
 		owner:      newOwner(),
@@ -284,7 +306,9 @@ func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consum
 	}
 	if prev != nil {
 		c.pastOwners = append(c.pastOwners, prev.past...)
-		if prev.clean {
+		// With Settlements a clean close was recorded there (Retire): the next Consumer takes
+		// a fresh id, whose records can never be mistaken for the retired one's.
+		if prev.clean && opts.Settlements == nil {
 			c.owner = prev.owner
 		} else {
 			c.pastOwners = append(c.pastOwners, prev.owner)
@@ -318,7 +342,12 @@ func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline, hold
 		return nil, err
 	}
 	c.mu.Lock()
-	if c.closing || (h != nil && h.closed) {
+	if c.closing {
+		cause := c.closeCause
+		c.mu.Unlock()
+		return nil, cause
+	}
+	if h != nil && h.closed {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -494,8 +523,8 @@ func (c *Consumer) lookupLocked(id string) *lease {
 // unknown, stale, nacked or malformed ids report false.
 func (c *Consumer) Ack(ids ...string) []bool {
 	ok := make([]bool, len(ids))
+	var keys [][16]byte
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for i, id := range ids {
 		l := c.lookupLocked(id)
 		if l == nil || l.state != stateOut {
@@ -503,8 +532,16 @@ func (c *Consumer) Ack(ids ...string) []bool {
 		}
 		c.removeLocked(l)
 		ok[i] = true
+		if c.opts.Settlements != nil {
+			keys = append(keys, l.key)
+		}
 	}
+	owner := c.owner
+	c.mu.Unlock()
 	c.st.acked.Add(uint64(countTrue(ok)))
+	if len(keys) > 0 {
+		c.opts.Settlements.Settle(c.queue, owner, keys...)
+	}
 	return ok
 }
 
@@ -670,11 +707,17 @@ func (c *Consumer) Stats() Stats {
 // given back as a fresh copy, and the settler stops once those copies are stored or ctx ends
 // (lease records then bring the rest back). Idempotent. A Consumer obtained through a Manager
 // is closed by the Manager (Handle.Close, Manager.Close), never directly.
-func (c *Consumer) Close(ctx context.Context) error {
+func (c *Consumer) Close(ctx context.Context) error { return c.closeWith(ctx, ErrClosed) }
+
+// closeWith is Close whose waiting Fetch calls get cause. With Settlements, a Consumer that
+// closes with every lease settled records it (Retire), so the queue's next owner drops all of
+// its records.
+func (c *Consumer) closeWith(ctx context.Context, cause error) error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closing = true
-		c.failWaitersLocked(ErrClosed)
+		c.closeCause = cause
+		c.failWaitersLocked(cause)
 		c.mu.Unlock()
 		c.pollCancel()
 		<-c.pollDone
@@ -685,6 +728,14 @@ func (c *Consumer) Close(ctx context.Context) error {
 		c.settleCancel()
 		<-c.settleDone
 		c.bg.Wait()
+		c.mu.Lock()
+		clean, owner := len(c.table) == 0 && !c.unsure, c.owner
+		c.mu.Unlock()
+		if st := c.opts.Settlements; st != nil && clean && c.closeErr == nil {
+			if err := st.Retire(ctx, c.queue, owner); err != nil {
+				c.log.Warn("closing clean not recorded; the next owner redelivers what this one settled lately", zap.Error(err))
+			}
+		}
 		close(c.closed)
 	})
 	<-c.closed

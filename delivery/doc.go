@@ -62,13 +62,28 @@
 // waits), so a promise made later reaches the records at the next re-arm.
 //
 // Consequences (at-least-once, never loss):
-//   - after a proxy crash or restart, messages acked in the last ~RecordDelay+HoldExpiry come
-//     back once (the new process cannot know the old acks);
-//   - with several replicas consuming one queue, a record may return to a replica that does
-//     not own it; if that happens on every return until expiry+RecordDelay, the message is
+//   - without Settlements, after a proxy crash or restart, messages acked in the last
+//     ~RecordDelay+HoldExpiry come back once (the new process cannot know the old acks);
+//   - without Owners, with several replicas consuming one queue, a record may return to a
+//     replica that does not own it; if that happens on every return until expiry+RecordDelay, the message is
 //     redelivered while its owner still holds it (a duplicate). A replica polls only while it
 //     has demand, so a replica whose clients hold messages without fetching more does not see
 //     its records at all. Raise HoldExpiry to make this rarer.
+//
+// # Several processes on one KubeMQ
+//
+// With Options.Owners (the cluster package's ownership log) a Manager claims each queue before
+// it consumes it, so at most one process holds an open transaction on a queue at any time. A
+// queue another process consumes is refused with ErrNotOwner (front-ends forward such work to
+// that process); a holding that is lost closes the Consumer (its leases go back as fresh copies,
+// Fetch calls fail with ErrHandedOver); a Consumer that closes releases the holding, for
+// another process to claim at once. Entries of another owner in returning records are then
+// always a past owner's leftovers, redelivered at once instead of bounced.
+//
+// With Options.Settlements (the cluster package's acknowledgement log) a Consumer records the
+// leases it settles, and a marker when it closes with nothing leased; the queue's next owner,
+// in this process or another, drops the returning entries so recorded. So a stop redelivers
+// nothing that was acked, and a crash only what was settled in the log's last flush interval.
 //
 // # Reserved tags
 //

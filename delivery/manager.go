@@ -44,7 +44,9 @@ type Manager struct {
 // managed is one queue's Consumer and its users. Guarded by Manager.mu.
 type managed struct {
 	queue    string
-	c        *Consumer
+	c        *Consumer     // nil while the queue is being claimed
+	own      Owned         // the holding of the queue (Options.Owners); nil without Owners
+	claimed  chan struct{} // closed once the claim is decided (Options.Owners)
 	refs     int
 	closing  bool
 	done     chan struct{} // closed once c is closed and forgotten
@@ -92,20 +94,28 @@ func (m *Manager) watchOutages() {
 		case <-m.ctx.Done():
 			return
 		}
-		m.mu.Lock()
-		cs := make([]*Consumer, 0, len(m.queues))
-		for _, e := range m.queues {
-			cs = append(cs, e.c)
-		}
-		m.mu.Unlock()
-		for _, c := range cs {
+		for _, c := range m.consumers() {
 			c.backendLost()
 		}
 	}
 }
 
+// consumers returns the open Consumers.
+func (m *Manager) consumers() []*Consumer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cs := make([]*Consumer, 0, len(m.queues))
+	for _, e := range m.queues {
+		if e.c != nil {
+			cs = append(cs, e.c)
+		}
+	}
+	return cs
+}
+
 // Acquire returns a Handle on queue's Consumer, starting it if needed. If the queue's previous
-// Consumer is still closing, Acquire waits for it (ctx bounds the wait).
+// Consumer is still closing, Acquire waits for it (ctx bounds the wait). With Options.Owners it
+// claims the queue first: when another process consumes it, the error wraps ErrNotOwner.
 func (m *Manager) Acquire(ctx context.Context, queue string) (*Handle, error) {
 	for {
 		m.mu.Lock()
@@ -114,26 +124,28 @@ func (m *Manager) Acquire(ctx context.Context, queue string) (*Handle, error) {
 			return nil, ErrClosed
 		}
 		e := m.queues[queue]
-		if e != nil && e.closing {
-			done := e.done
+		var wait chan struct{}
+		switch {
+		case e != nil && e.closing:
+			wait = e.done
+		case e != nil && e.c == nil:
+			wait = e.claimed
+		}
+		if wait != nil {
 			m.mu.Unlock()
 			select {
-			case <-done:
+			case <-wait:
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 		}
 		if e == nil {
-			prev := m.retired[queue]
-			delete(m.retired, queue)
-			c, err := newConsumer(m.b, queue, m.opts, prev)
-			if err != nil {
+			var err error
+			if e, err = m.startLocked(ctx, queue); err != nil {
 				m.mu.Unlock()
 				return nil, err
 			}
-			e = &managed{queue: queue, c: c, done: make(chan struct{})}
-			m.queues[queue] = e
 		}
 		e.refs++
 		if e.lingerCh != nil {
@@ -150,6 +162,111 @@ func (m *Manager) Acquire(ctx context.Context, queue string) (*Handle, error) {
 	}
 }
 
+// startLocked starts queue's Consumer (claiming the queue first with Options.Owners, with mu
+// released meanwhile). Called and returns with mu held.
+func (m *Manager) startLocked(ctx context.Context, queue string) (*managed, error) {
+	e := &managed{queue: queue, done: make(chan struct{})}
+	if m.opts.Owners != nil {
+		e.claimed = make(chan struct{})
+		m.queues[queue] = e
+		m.mu.Unlock()
+		own, err := m.opts.Owners.Claim(ctx, queue)
+		m.mu.Lock()
+		close(e.claimed)
+		if err == nil && m.closed {
+			err = ErrClosed
+			m.mu.Unlock()
+			_ = own.Release(ctx)
+			m.mu.Lock()
+		}
+		if err != nil {
+			delete(m.queues, queue)
+			close(e.done)
+			if errors.Is(err, ErrClosed) || errors.Is(err, ErrNotOwner) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("delivery: claim %s: %w", queue, err)
+		}
+		e.own = own
+	}
+	prev := m.retired[queue]
+	delete(m.retired, queue)
+	c, err := newConsumer(m.b, queue, m.opts, prev)
+	if err != nil {
+		delete(m.queues, queue)
+		close(e.done)
+		if e.own != nil {
+			m.mu.Unlock()
+			_ = e.own.Release(ctx)
+			m.mu.Lock()
+		}
+		return nil, err
+	}
+	e.c = c
+	m.queues[queue] = e
+	if e.own != nil {
+		m.bg(func() { m.watchOwnership(e) })
+	}
+	return e, nil
+}
+
+// bg runs f on a goroutine the Manager's Close waits for.
+func (m *Manager) bg(f func()) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+}
+
+// watchOwnership gives e's Consumer up when its holding is lost: its users' waiting and later
+// Fetch calls fail with ErrHandedOver, its leases go back to the queue.
+func (m *Manager) watchOwnership(e *managed) {
+	select {
+	case <-e.own.Lost():
+	case <-e.done:
+		return
+	case <-m.ctx.Done():
+		return // Close gives it up
+	}
+	m.mu.Lock()
+	if e.closing {
+		m.mu.Unlock()
+		return
+	}
+	e.closing = true
+	if e.lingerCh != nil {
+		close(e.lingerCh)
+		e.lingerCh = nil
+	}
+	m.mu.Unlock()
+	m.log.Warn("queue handed over: this process's holding was lost", zap.String("queue", e.queue))
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := e.c.closeWith(ctx, ErrHandedOver); err != nil {
+		m.log.Warn("close consumer", zap.String("queue", e.queue), zap.Error(err))
+	}
+	m.forget(e)
+}
+
+// forget removes e, whose Consumer is closed, and keeps its identity and counters.
+func (m *Manager) forget(e *managed) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.queues[e.queue] == e {
+		delete(m.queues, e.queue)
+	}
+	if len(m.retired) >= maxRetired {
+		for k := range m.retired {
+			delete(m.retired, k)
+			break
+		}
+	}
+	m.retired[e.queue] = e.c.identity()
+	m.addClosedLocked(e.c)
+	close(e.done)
+}
+
 // Lookup returns queue's Consumer if one is open (to route an ack that arrives outside any
 // Handle), or nil.
 func (m *Manager) Lookup(queue string) *Consumer {
@@ -163,12 +280,7 @@ func (m *Manager) Lookup(queue string) *Consumer {
 
 // Stats returns the stats of every open Consumer.
 func (m *Manager) Stats() []Stats {
-	m.mu.Lock()
-	cs := make([]*Consumer, 0, len(m.queues))
-	for _, e := range m.queues {
-		cs = append(cs, e.c)
-	}
-	m.mu.Unlock()
+	cs := m.consumers()
 	out := make([]Stats, len(cs))
 	for i, c := range cs {
 		out[i] = c.Stats()
@@ -223,7 +335,7 @@ func (m *Manager) Retire(queue string) bool {
 		m.mu.Unlock()
 		<-done
 		return true
-	case e.refs > 0:
+	case e.refs > 0 || e.c == nil: // in use, or being claimed by an Acquire
 		m.mu.Unlock()
 		return false
 	}
@@ -255,20 +367,18 @@ func (m *Manager) retire(e *managed) {
 	if err := e.c.Close(ctx); err != nil {
 		m.log.Warn("close consumer", zap.String("queue", e.queue), zap.Error(err))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.queues[e.queue] == e {
-		delete(m.queues, e.queue)
+	m.releaseHolding(ctx, e)
+	m.forget(e)
+}
+
+// releaseHolding gives e's holding up (Options.Owners) once its Consumer is closed.
+func (m *Manager) releaseHolding(ctx context.Context, e *managed) {
+	if e.own == nil {
+		return
 	}
-	if len(m.retired) >= maxRetired {
-		for k := range m.retired {
-			delete(m.retired, k)
-			break
-		}
+	if err := e.own.Release(ctx); err != nil {
+		m.log.Warn("release queue", zap.String("queue", e.queue), zap.Error(err))
 	}
-	m.retired[e.queue] = e.c.identity()
-	m.addClosedLocked(e.c)
-	close(e.done)
 }
 
 // addClosedLocked keeps a closed Consumer's counters in the totals.
@@ -285,7 +395,8 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.closed = true
 	var es []*managed
 	for _, e := range m.queues {
-		if !e.closing {
+		// A queue still being claimed gives itself up when the claim returns.
+		if !e.closing && e.c != nil {
 			e.closing = true
 			es = append(es, e)
 		}
@@ -303,6 +414,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			errs[i] = e.c.Close(ctx)
+			m.releaseHolding(ctx, e)
 			m.mu.Lock()
 			if m.queues[e.queue] == e {
 				delete(m.queues, e.queue)

@@ -62,10 +62,21 @@ func (c *Consumer) pollLoop() {
 		st = pollState{}
 	}
 	defer closeStream()
+	synced := c.opts.Settlements == nil
 	for {
 		demand, ok := c.awaitDemand()
 		if !ok {
 			return
+		}
+		if !synced {
+			// Settlements the queue's last owner wrote before this Consumer started must be
+			// readable before its records are judged.
+			ctx, cancel := context.WithTimeout(c.pollCtx, opTimeout)
+			if err := c.opts.Settlements.Sync(ctx); err != nil && c.pollCtx.Err() == nil {
+				c.log.Warn("settlements not read up to now; the last owner's settled leases may come back", zap.Error(err))
+			}
+			cancel()
+			synced = true
 		}
 		if c.staleStream.Swap(false) {
 			closeStream() // opened before an outage: replace it rather than fail on it
@@ -361,6 +372,7 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	var bounce [][]byte
 	var recover []entry
 	hook := c.unsettled.Load()
+	settled := c.opts.Settlements
 	var bounced []*entry // for the hook only
 	// Two copies of one entry (a record stored twice after an ambiguous send failure) must
 	// not turn into two live records or two redeliveries.
@@ -391,7 +403,11 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 				continue
 			}
 			rearms = append(rearms, pending{l, l.gen + 1, c.expiresAtLocked(l, now)})
-		case c.pastOwnerLocked(e.owner) || now.UnixMilli() >= e.expiresAt+delay.Milliseconds():
+		case settled != nil && settled.Settled(e.owner, e.lease):
+			c.st.obsolete.Add(1) // its owner acked it or gave it back before it went
+		case c.exclusive || c.pastOwnerLocked(e.owner) || now.UnixMilli() >= e.expiresAt+delay.Milliseconds():
+			// A past owner's leftover (with Owners, no other process consumes the queue
+			// while this one does, so any other owner is past).
 			recover = append(recover, *e)
 		default:
 			bounce = append(bounce, e.raw)

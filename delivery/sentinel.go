@@ -116,7 +116,9 @@ func (c *Consumer) sentinelsLocked(values []string, now time.Time) (own []chan s
 			own = append(own, o.ch)
 			continue
 		}
-		if ms, err := strconv.ParseInt(exp, 10, 64); ok && err == nil && now.UnixMilli() < ms {
+		// Another Consumer's sentinel goes round again until its expiry, so that it can reach
+		// its writer; with Owners its writer no longer consumes the queue.
+		if ms, err := strconv.ParseInt(exp, 10, 64); ok && err == nil && now.UnixMilli() < ms && !c.exclusive {
 			again = append(again, v)
 			continue
 		}

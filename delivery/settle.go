@@ -105,29 +105,38 @@ func (c *Consumer) redeliver(ls []*lease) error {
 		err = c.sendAll(ctx, msgs)
 		cancel()
 	}
+	var settled [][16]byte
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, l := range dropped {
 		if c.table[l.key] == l {
 			c.removeLocked(l)
+			settled = append(settled, l.key)
 		}
 	}
 	c.st.droppedByHook.Add(uint64(len(dropped)))
-	if err != nil {
+	if err == nil {
+		for _, l := range keep {
+			if c.table[l.key] == l {
+				c.removeLocked(l)
+				settled = append(settled, l.key)
+			}
+		}
+		c.st.redelivered.Add(uint64(len(keep)))
+	} else {
 		for _, l := range keep {
 			if c.table[l.key] == l && l.state == stateRequeue {
 				c.requeue = append(c.requeue, l)
 			}
 		}
-		return err
 	}
-	for _, l := range keep {
-		if c.table[l.key] == l {
-			c.removeLocked(l)
-		}
+	owner := c.owner
+	c.mu.Unlock()
+	// A lease given back as a fresh copy, or dead-lettered, is settled: its records are
+	// obsolete for the queue's next owner too.
+	if st := c.opts.Settlements; st != nil && len(settled) > 0 {
+		st.Settle(c.queue, owner, settled...)
 	}
-	c.st.redelivered.Add(uint64(len(keep)))
-	return nil
+	return err
 }
 
 // copyOf builds the fresh copy that replaces l in the queue: a new unique MessageID, the next

@@ -30,7 +30,7 @@ func toStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded while storing in KubeMQ")
 	case errors.Is(err, kubemqclient.ErrUnavailable), errors.Is(err, kubemqclient.ErrClosed), kubemqclient.IsRetryable(err),
-		errors.Is(err, delivery.ErrLeasesLost):
+		errors.Is(err, delivery.ErrLeasesLost), errors.Is(err, delivery.ErrNotOwner), errors.Is(err, delivery.ErrHandedOver):
 		return status.Error(codes.Unavailable, "KubeMQ unavailable, retry: "+err.Error())
 	}
 	return status.Error(codes.Internal, "kubemq-proxy: "+err.Error())

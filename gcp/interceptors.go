@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 )
 
 // The interceptors run in this order: recovery (outermost, so a panic in
@@ -98,13 +100,20 @@ func notReady(err error) error {
 	return status.Error(codes.Unavailable, "kubemq-proxy is not ready (KubeMQ unreachable or topology not loaded yet): "+err.Error())
 }
 
-func gateUnary(ready func() error) grpc.UnaryServerInterceptor {
+// gateUnary refuses calls while ready fails, except the settlements of messages out to clients
+// while the server drains them (settling reports true).
+func gateUnary(ready func() error, settling func() bool) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := ready(); err != nil {
+		if err := ready(); err != nil && !(settling() && isSettlement(info.FullMethod)) {
 			return nil, notReady(err)
 		}
 		return h(ctx, req)
 	}
+}
+
+// isSettlement reports whether method settles leases (acks and deadline changes).
+func isSettlement(method string) bool {
+	return method == pubsubpb.Subscriber_Acknowledge_FullMethodName || method == pubsubpb.Subscriber_ModifyAckDeadline_FullMethodName
 }
 
 func gateStream(ready func() error) grpc.StreamServerInterceptor {

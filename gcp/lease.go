@@ -228,6 +228,18 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			}
 			return nil, err
 		}
+		if r.s.draining.Load() {
+			// Shutting down: nothing new goes out; the stream stays open for the settlements
+			// of what is out until the server stops.
+			changed := r.changed
+			r.mu.Unlock()
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		if out, ids := r.handReadyLocked(e, max, f, deadline); len(out) > 0 {
 			r.mu.Unlock()
 			// Redelivered in place: the lease records promise the new deadline.
@@ -304,6 +316,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			}
 			if errors.Is(err, delivery.ErrLeasesLost) {
 				r.reset()
+			}
+			if errors.Is(err, delivery.ErrHandedOver) {
+				r.s.handedOver(r)
 			}
 			return nil, err
 		}

@@ -29,6 +29,7 @@ type metrics struct {
 	acked, nacked, expired    *prometheus.CounterVec // subscription
 	deadLettered, dlFailed    *prometheus.CounterVec // subscription
 	rpcs                      *prometheus.CounterVec // method, code
+	forwarded                 prometheus.Counter     // calls forwarded to the replica that consumes
 	streams                   prometheus.Gauge
 	openStreams               atomic.Int64 // the streams gauge's value, for State
 
@@ -50,6 +51,8 @@ func newMetrics() *metrics {
 		deadLettered:   cv("dead_lettered_messages_total", "Messages forwarded to the subscription's dead-letter topic (and so acked here).", "subscription"),
 		dlFailed:       cv("dead_letter_failures_total", "Failed forwardings to the dead-letter topic (the message is delivered again, or on an ordered subscription forwarded again later).", "subscription"),
 		rpcs:           cv("rpcs_total", "Finished RPCs by method and gRPC status code.", "method", "code"),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{Name: metricPrefix + "forwarded_calls_total",
+			Help: "Subscriber calls forwarded to the replica that consumes the subscription."}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricPrefix + "streaming_pulls",
 			Help: "Open StreamingPull streams."}),
 		topics: labelSet{seen: map[string]struct{}{}},
@@ -59,7 +62,7 @@ func newMetrics() *metrics {
 
 // register adds the metrics and a collector of the lease gauges to reg.
 func (m *metrics) register(reg prometheus.Registerer, s *Server) error {
-	for _, c := range []prometheus.Collector{m.published, m.publishedBytes, m.delivered, m.deliveredBytes,
+	for _, c := range []prometheus.Collector{m.forwarded, m.published, m.publishedBytes, m.delivered, m.deliveredBytes,
 		m.acked, m.nacked, m.expired, m.deadLettered, m.dlFailed, m.rpcs, m.streams, leaseCollector{s}} {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
 	"github.com/kubemq-io/kubemq-proxy/gcp/names"
 )
@@ -85,6 +86,22 @@ func (s *Server) runtimeLocked(ctx context.Context, e *subEntry) (*subRuntime, e
 	}
 	s.runtimes[e.id] = r
 	return r, nil
+}
+
+// handedOver ends r, whose queue another replica consumes now (the engine gave it up): its
+// streams and Pulls end with UNAVAILABLE, and the clients' next calls are forwarded.
+func (s *Server) handedOver(r *subRuntime) {
+	r.mu.Lock()
+	if r.endErr == nil {
+		r.endErr = delivery.ErrHandedOver
+	}
+	r.mu.Unlock()
+	s.rtMu.Lock()
+	defer s.rtMu.Unlock()
+	if s.runtimes[r.id] == r {
+		delete(s.runtimes, r.id)
+		s.endRuntimeLocked(r, false)
+	}
 }
 
 // endRuntimeLocked closes r, just taken out of s.runtimes, in the
@@ -215,6 +232,12 @@ func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubs
 		return nil, err
 	}
 	rt, release, err := s.runtime(ctx, e)
+	if sc, ferr, moved := s.notOwner(ctx, e.queue, err); moved {
+		if ferr != nil {
+			return nil, ferr
+		}
+		return sc.Pull(ctx, req)
+	}
 	if err != nil {
 		return nil, s.deliveryStatus(sn, err)
 	}
@@ -250,30 +273,38 @@ func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubs
 	return &pubsubpb.PullResponse{ReceivedMessages: msgs}, nil
 }
 
-// ackTarget finds the runtime for an ack or modack. A subscription with no
-// runtime here has no live leases here: every id is stale, a no-op.
-func (s *Server) ackTarget(name string, ids []string) (*subRuntime, error) {
+// ackTarget finds the runtime for an ack or modack, and the subscription's
+// queue. A subscription with no runtime here has no live leases here: the
+// ids are another replica's (forward.go), or stale, a no-op.
+func (s *Server) ackTarget(name string, ids []string) (*subRuntime, string, error) {
 	sn, err := names.ParseSubscription(name)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if len(ids) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "No ack ids specified.")
+		return nil, "", status.Error(codes.InvalidArgument, "No ack ids specified.")
 	}
 	e, ok := s.cat.sub(sn.ID)
 	if !ok {
-		return nil, notFound(sn.ID)
+		return nil, "", notFound(sn.ID)
 	}
-	return s.lookupRuntime(e), nil
+	return s.lookupRuntime(e), e.queue, nil
 }
 
 func (p *subscriber) Acknowledge(ctx context.Context, req *pubsubpb.AcknowledgeRequest) (*emptypb.Empty, error) {
-	rt, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
+	rt, queue, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
 	if err != nil {
 		return nil, err
 	}
 	if rt != nil {
 		rt.ack(req.GetAckIds())
+		return &emptypb.Empty{}, nil
+	}
+	if sc, ok, err := p.s.remote(ctx, queue); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return sc.Acknowledge(ctx, req)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -282,12 +313,19 @@ func (p *subscriber) ModifyAckDeadline(ctx context.Context, req *pubsubpb.Modify
 	if err := limits.ModifyAckDeadline(req.GetAckDeadlineSeconds()); err != nil {
 		return nil, err
 	}
-	rt, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
+	rt, queue, err := p.s.ackTarget(req.GetSubscription(), req.GetAckIds())
 	if err != nil {
 		return nil, err
 	}
 	if rt != nil {
 		rt.modack(req.GetAckIds(), req.GetAckDeadlineSeconds())
+		return &emptypb.Empty{}, nil
+	}
+	if sc, ok, err := p.s.remote(ctx, queue); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return sc.ModifyAckDeadline(ctx, req)
 	}
 	return &emptypb.Empty{}, nil
 }

@@ -53,6 +53,13 @@ func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubs
 	if e.proto.GetDetached() {
 		return nil, status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
 	}
+	// The replica that consumes the subscription gives up its leases and backlog.
+	if sc, ok, err := s.remote(ctx, e.queue); err != nil || ok {
+		if err != nil {
+			return nil, err
+		}
+		return sc.Seek(ctx, req)
+	}
 	n, err := s.seek(ctx, e, ts.AsTime())
 	if err != nil {
 		return nil, toStatus(err)

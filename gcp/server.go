@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,6 +143,7 @@ type Server struct {
 
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
+	peers         Peers             // nil: one replica (forward.go)
 	rtMu          sync.Mutex        // guards runtimes, rtClosed, seeking
 	noRecovery    sync.Map          // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
 	runtimes      map[string]*subRuntime
@@ -149,7 +151,10 @@ type Server struct {
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)
 	pubs          inflight                 // publishes in progress (a seek waits for them)
 
-	stopping chan struct{}  // closed at Shutdown: streams end with UNAVAILABLE
+	stopping chan struct{} // closed at Shutdown: streams end with UNAVAILABLE
+	// draining: Shutdown has begun; nothing new goes out, settlements of what is out are still
+	// taken (drain).
+	draining atomic.Bool
 	outageMu sync.Mutex     // guards outage
 	outage   chan struct{}  // closed (and replaced) when KubeMQ is reported unreachable
 	unwatch  func()         // removes the readiness hook
@@ -175,6 +180,7 @@ type core struct {
 	be            backend
 	deliveries    *delivery.Manager
 	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
+	peers         Peers
 	// watch registers a readiness hook on the KubeMQ client (nil: none);
 	// StreamingPull streams end with UNAVAILABLE when it reports down.
 	watch   func(fn func(up bool)) (remove func())
@@ -193,7 +199,7 @@ func newServer(c core) (*Server, error) {
 		c.ready = func() error { return nil }
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
-		deliveries: c.deliveries, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
+		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
 		outage: make(chan struct{}), m: newMetrics()}
 	if c.metrics != nil {
 		if err := s.m.register(c.metrics, s); err != nil {
@@ -232,7 +238,7 @@ func newServer(c core) (*Server, error) {
 		// window the client would wait for window updates within each one.
 		grpc.InitialWindowSize(1<<20),
 		grpc.InitialConnWindowSize(16<<20),
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready)),
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready, s.draining.Load)),
 		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log, s.m), gateStream(s.ready)),
 	)
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
@@ -240,6 +246,11 @@ func newServer(c core) (*Server, error) {
 	pubsubpb.RegisterSchemaServiceServer(s.grpc, pubsubpb.UnimplementedSchemaServiceServer{})
 	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{})
 	return s, nil
+}
+
+// RegisterPeer serves the Subscriber calls other replicas forward (forward.go) on the peer port.
+func (s *Server) RegisterPeer(r grpc.ServiceRegistrar) {
+	pubsubpb.RegisterSubscriberServer(r, &subscriber{s: s})
 }
 
 // outageChan is closed at the next report that KubeMQ is unreachable.
@@ -269,6 +280,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.unwatch != nil {
 			s.unwatch()
 		}
+		s.drain(ctx)
 		close(s.stopping)
 		done := make(chan struct{})
 		go func() {
@@ -292,4 +304,51 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	})
 	return nil
+}
+
+// maxDrain bounds the drain of a graceful shutdown.
+const maxDrain = 5 * time.Second
+
+// drain stops handing out messages and waits, while streams stay open, until the clients have
+// settled what they hold, or maxDrain (at most half of what ctx leaves) passes. A client's acks
+// travel a little behind its processing; closing its stream at once would lose the ones in
+// flight, and the next replica to consume the subscription would deliver those messages again.
+func (s *Server) drain(ctx context.Context) {
+	s.draining.Store(true)
+	s.rtMu.Lock()
+	for _, r := range s.runtimes {
+		r.mu.Lock()
+		r.notifyLocked() // fetches waiting for work see the drain
+		r.mu.Unlock()
+	}
+	s.rtMu.Unlock()
+	d := maxDrain
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if s.leasesOut() == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.log.Info("shutdown: messages still out to clients after the drain go back to the subscriptions", zap.Int("leases", s.leasesOut()))
+}
+
+// leasesOut counts the messages out to clients on this replica.
+func (s *Server) leasesOut() int {
+	s.rtMu.Lock()
+	rts := make([]*subRuntime, 0, len(s.runtimes))
+	for _, r := range s.runtimes {
+		rts = append(rts, r)
+	}
+	s.rtMu.Unlock()
+	n := 0
+	for _, r := range rts {
+		r.mu.Lock()
+		n += len(r.leases)
+		r.mu.Unlock()
+	}
+	return n
 }

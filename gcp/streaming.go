@@ -58,6 +58,9 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	defer cancel()
 	outage := s.outageChan()
 	rt, release, err := s.runtime(ctx, e)
+	if _, _, moved := s.notOwner(ctx, e.queue, err); moved {
+		return s.relayStream(ctx, stream, first, e)
+	}
 	if err != nil {
 		return s.deliveryStatus(sn, err)
 	}

@@ -27,6 +27,9 @@ type Options struct {
 	// replayed; while it does not, every RPC answers UNAVAILABLE.
 	Ready  func() error
 	Config Config
+	// Peers, with several replicas on one KubeMQ (Deliveries with Owners), reaches the replica
+	// that consumes a subscription; nil for one replica.
+	Peers Peers
 }
 
 // New builds the front-end; nothing listens until Serve.
@@ -57,6 +60,7 @@ func New(o Options) (*Server, error) {
 		metrics: o.Metrics,
 
 		deliveries: o.Deliveries,
+		peers:      o.Peers,
 	})
 	if err != nil {
 		if own != nil {

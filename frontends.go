@@ -13,7 +13,12 @@ func frontends() []proxy.FrontendFactory {
 			Name:   "gcp",
 			Listen: func(c *proxy.Config) []string { return []string{c.GCP.Listen} },
 			New: func(d proxy.Deps) (proxy.Frontend, error) {
+				var peers gcp.Peers
+				if d.Peers != nil {
+					peers = d.Peers
+				}
 				return gcp.New(gcp.Options{
+					Peers:      peers,
 					Client:     d.Client,
 					Registry:   d.Registry,
 					Deliveries: d.Deliveries,

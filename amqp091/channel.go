@@ -349,15 +349,32 @@ func (ch *channel) handleFor(q *queue) (*delivery.Handle, error) {
 		return h, nil
 	}
 	h, err := ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
+	// Another replica holds the queue: wait for its hold to lapse (a replica that died, or
+	// this one's previous process) rather than fail the channel at once.
+	for wait := time.Now().Add(ownerWait); errors.Is(err, delivery.ErrNotOwner) && time.Now().Before(wait); {
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-ch.c.ctx.Done():
+			return nil, errShutdown()
+		}
+		h, err = ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
+	}
 	if err != nil {
 		if errors.Is(err, delivery.ErrClosed) {
 			return nil, errShutdown()
+		}
+		if errors.Is(err, delivery.ErrNotOwner) {
+			return nil, wire.ConnectionForced("queue %s is consumed through another kubemq-proxy replica, which this one cannot reach (cluster.listen, cluster.advertise, cluster.secret)", q.name)
 		}
 		return nil, err
 	}
 	ch.handles[q] = h
 	return h, nil
 }
+
+// ownerWait bounds how long a channel waits for a queue another replica holds (a dead
+// replica's hold lapses after cluster.lease, 8 s by default).
+const ownerWait = 15 * time.Second
 
 // queueFor resolves the queue a method names, applying RabbitMQ's
 // shortcut (an empty name is the channel's last declared queue) and its

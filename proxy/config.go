@@ -25,6 +25,7 @@ type Config struct {
 	Embedded EmbeddedConfig `mapstructure:"embedded"`
 	Registry RegistryConfig `mapstructure:"registry"`
 	Delivery DeliveryConfig `mapstructure:"delivery"`
+	Cluster  ClusterConfig  `mapstructure:"cluster"`
 	Log      LogConfig      `mapstructure:"log"`
 	Shutdown ShutdownConfig `mapstructure:"shutdown"`
 }
@@ -129,6 +130,37 @@ type DeliveryConfig struct {
 	RecordDelay time.Duration `mapstructure:"record_delay"`
 }
 
+// ClusterConfig lets any number of replicas share one KubeMQ (a sidecar in every pod): one
+// replica at a time consumes each queue or subscription, the others forward their clients'
+// consuming calls to it over the peer port.
+type ClusterConfig struct {
+	// Channel is the ownership log (an events-store channel); the acknowledgement log is
+	// Channel + ".acks". Every replica of one deployment must use the same.
+	Channel string `mapstructure:"channel"`
+	// ReplicaID names this replica in the log; empty = random at each start.
+	ReplicaID string `mapstructure:"replica_id"`
+	// Listen is the peer port other replicas forward to; empty = none (this replica serves
+	// only its own clients' queues, and clients of a queue another replica consumes get
+	// UNAVAILABLE unless that replica has a peer port).
+	Listen string `mapstructure:"listen"`
+	// Advertise is the host:port other replicas dial to reach Listen (in Kubernetes the pod
+	// IP from the downward API); empty = Listen when it names a host.
+	Advertise string `mapstructure:"advertise"`
+	// Secret is shared by every replica and carried by every peer call; required with
+	// Listen. SecretFile reads it from a file (a mounted Kubernetes Secret) instead.
+	Secret     string `mapstructure:"secret"`
+	SecretFile string `mapstructure:"secret_file"`
+	// Lease is how long a replica's hold on a queue outlives its last heartbeat: the takeover
+	// time after a replica dies. Heartbeat is the heartbeat interval.
+	Lease     time.Duration `mapstructure:"lease"`
+	Heartbeat time.Duration `mapstructure:"heartbeat"`
+	// TLSCertFile, TLSKeyFile and TLSCAFile (PEM) make the peer port mutual TLS: each replica
+	// presents its certificate and accepts only peers whose certificate TLSCAFile signed.
+	TLSCertFile string `mapstructure:"tls_cert_file"`
+	TLSKeyFile  string `mapstructure:"tls_key_file"`
+	TLSCAFile   string `mapstructure:"tls_ca_file"`
+}
+
 // LogConfig configures zap.
 type LogConfig struct {
 	Level  string `mapstructure:"level"`
@@ -158,6 +190,7 @@ func Defaults() Config {
 		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000"},
 		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
 		Delivery: DeliveryConfig{RecordDelay: 10 * time.Second},
+		Cluster:  ClusterConfig{Channel: "kubemq-proxy.cluster", Lease: 8 * time.Second, Heartbeat: time.Second},
 		Log:      LogConfig{Level: "info", Format: "json", Sampling: true},
 		Shutdown: ShutdownConfig{Timeout: 15 * time.Second},
 	}
@@ -178,6 +211,7 @@ func (c *Config) Validate() error {
 		{"amqp.listen", c.AMQP.Listen},
 		{"amqp.tls_listen", c.AMQP.TLSListen},
 		{"http.listen", c.HTTP.Listen},
+		{"cluster.listen", c.Cluster.Listen},
 	}
 	if c.UseEmbedded() {
 		addrs = append(addrs, struct{ key, val string }{"embedded.listen", c.Embedded.Listen})
@@ -206,6 +240,8 @@ func (c *Config) Validate() error {
 		{"amqp.client_ca_file", c.AMQP.ClientCAFile}, {"kubemq.ca_file", c.KubeMQ.CAFile},
 		{"kubemq.cert_file", c.KubeMQ.CertFile}, {"kubemq.key_file", c.KubeMQ.KeyFile},
 		{"embedded.tls_cert_file", c.Embedded.TLSCertFile}, {"embedded.tls_key_file", c.Embedded.TLSKeyFile},
+		{"cluster.secret_file", c.Cluster.SecretFile}, {"cluster.tls_cert_file", c.Cluster.TLSCertFile},
+		{"cluster.tls_key_file", c.Cluster.TLSKeyFile}, {"cluster.tls_ca_file", c.Cluster.TLSCAFile},
 	} {
 		if f.val == "" {
 			continue
@@ -271,6 +307,9 @@ func (c *Config) Validate() error {
 	if d := c.Delivery.RecordDelay; d < time.Second || d > time.Hour || d%time.Second != 0 {
 		return fmt.Errorf("delivery.record_delay: %v is not whole seconds in 1s..1h", d)
 	}
+	if err := c.Cluster.validate(c.Registry.Channel); err != nil {
+		return err
+	}
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
 		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
@@ -293,4 +332,53 @@ func checkHostPort(s string) error {
 		return errors.New("missing port")
 	}
 	return nil
+}
+
+func (c *ClusterConfig) validate(registry string) error {
+	if err := kubemqclient.ValidChannel(c.Channel); err != nil {
+		return fmt.Errorf("cluster.channel: %v", err)
+	}
+	if c.Channel == registry {
+		return errors.New("cluster.channel must differ from registry.channel")
+	}
+	if c.Heartbeat < 100*time.Millisecond || c.Heartbeat > 10*time.Second {
+		return fmt.Errorf("cluster.heartbeat: %v is outside 100ms..10s", c.Heartbeat)
+	}
+	// The holder stops 3 s before its lease ends and needs two heartbeats to renew it.
+	if c.Lease < 2*c.Heartbeat+3*time.Second || c.Lease > 5*time.Minute {
+		return fmt.Errorf("cluster.lease: %v must be at least two heartbeats plus 3s, and at most 5m", c.Lease)
+	}
+	if c.Secret != "" && c.SecretFile != "" {
+		return errors.New("cluster.secret and cluster.secret_file are exclusive")
+	}
+	if c.Listen != "" && c.Secret == "" && c.SecretFile == "" {
+		return errors.New("cluster.listen needs cluster.secret or cluster.secret_file: the peer port must never be open to anyone who reaches it")
+	}
+	if c.Advertise != "" {
+		if err := checkHostPort(c.Advertise); err != nil {
+			return fmt.Errorf("cluster.advertise: %q is not host:port: %v", c.Advertise, err)
+		}
+	}
+	if c.TLSCertFile != "" || c.TLSKeyFile != "" || c.TLSCAFile != "" {
+		if c.TLSCertFile == "" || c.TLSKeyFile == "" || c.TLSCAFile == "" {
+			return errors.New("cluster.tls_cert_file, cluster.tls_key_file and cluster.tls_ca_file must be set together")
+		}
+	}
+	return nil
+}
+
+// AdvertiseAddr is the peer address this replica announces: Advertise, else Listen when it
+// names a host (a bound port 0 is resolved by the caller).
+func (c *ClusterConfig) AdvertiseAddr(bound string) string {
+	if c.Advertise != "" {
+		return c.Advertise
+	}
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		return "" // every interface: nobody knows which address reaches this replica
+	}
+	if bound != "" {
+		return bound
+	}
+	return c.Listen
 }

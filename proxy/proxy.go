@@ -6,19 +6,27 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/kubemq-io/kubemq-proxy/cluster"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -33,6 +41,12 @@ type Frontend interface {
 	Name() string
 	Serve(lis net.Listener) error
 	Shutdown(ctx context.Context) error
+}
+
+// PeerFrontend is a Frontend that takes work forwarded by other replicas: it registers the
+// services they call on the peer port (cluster.listen).
+type PeerFrontend interface {
+	RegisterPeer(s grpc.ServiceRegistrar)
 }
 
 // FrontendFactory builds a front-end once the backend client and registry
@@ -56,6 +70,43 @@ type Deps struct {
 	Metrics    prometheus.Registerer
 	// Ready reports nil when the backend is reachable and the registry replayed.
 	Ready func() error
+	// Peers reaches the replica that consumes a queue; nil when this replica cannot forward
+	// (no cluster secret).
+	Peers *Peers
+}
+
+// Peers reaches the replica that consumes a queue, when several share one KubeMQ.
+type Peers struct {
+	c *cluster.Cluster
+	p *cluster.Peers
+}
+
+// Owner returns the peer address of another replica that consumes queue.
+func (p *Peers) Owner(queue string) (string, bool) {
+	m, ok := p.c.Owner(queue)
+	if !ok || m.ID == p.c.ID() {
+		return "", false
+	}
+	return m.Addr, true
+}
+
+// Conn returns a connection to the replica at addr.
+func (p *Peers) Conn(addr string) (grpc.ClientConnInterface, error) { return p.p.Conn(addr) }
+
+// owners adapts the ownership log to the delivery engine.
+type owners struct{ c *cluster.Cluster }
+
+func (o owners) Claim(ctx context.Context, queue string) (delivery.Owned, error) {
+	h, err := o.c.Claim(ctx, queue)
+	var oe *cluster.OwnedError
+	switch {
+	case err == nil:
+		return h, nil
+	case errors.As(err, &oe), errors.Is(err, cluster.ErrUnsettled), errors.Is(err, cluster.ErrNotReady):
+		// Owned elsewhere, or not known yet: the front-ends forward or answer "retry".
+		return nil, fmt.Errorf("%w: %w", delivery.ErrNotOwner, err)
+	}
+	return nil, err
 }
 
 // Proxy is one running kubemq-proxy.
@@ -68,6 +119,11 @@ type Proxy struct {
 	embeddedLis net.Listener
 	client      *kubemqclient.Client
 	reg         *registry.Registry
+	cluster     *cluster.Cluster
+	acks        *cluster.AckLog
+	peers       *cluster.Peers
+	peerSrv     *grpc.Server
+	peerLis     net.Listener
 	deliveries  *delivery.Manager
 	httpSrv     *http.Server
 	httpLis     net.Listener
@@ -179,12 +235,20 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		return fmt.Errorf("registry: %w", err)
 	}
 
-	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{Logger: p.log.Named("delivery"), RecordDelay: p.cfg.Delivery.RecordDelay}, p.metrics)
+	var deps Deps
+	if err := p.startCluster(&deps); err != nil {
+		return err
+	}
+	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{
+		Logger: p.log.Named("delivery"), RecordDelay: p.cfg.Delivery.RecordDelay,
+		Owners: owners{p.cluster}, Settlements: p.acks,
+	}, p.metrics)
 	if err != nil {
 		return fmt.Errorf("delivery: %w", err)
 	}
 
-	deps := Deps{Config: &p.cfg, Logger: p.log, Client: p.client, Registry: p.reg, Deliveries: p.deliveries, Metrics: p.metrics, Ready: p.Ready}
+	deps.Config, deps.Logger, deps.Client, deps.Registry, deps.Deliveries, deps.Metrics, deps.Ready =
+		&p.cfg, p.log, p.client, p.reg, p.deliveries, p.metrics, p.Ready
 	for _, f := range factories {
 		addrs := f.Listen(&p.cfg)
 		var tlsFlags []bool
@@ -222,6 +286,12 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 			lis := lis
 			p.goServe(rf.name, func() error { return fe.Serve(lis) })
 		}
+		if pf, ok := fe.(PeerFrontend); ok && p.peerSrv != nil {
+			pf.RegisterPeer(p.peerSrv)
+		}
+	}
+	if p.peerSrv != nil {
+		p.goServe("cluster", func() error { return p.peerSrv.Serve(p.peerLis) })
 	}
 
 	// The side port comes last so that /state never races with the
@@ -270,13 +340,27 @@ func (p *Proxy) Ready() error {
 	p.mu.Lock()
 	stopping := p.stopping
 	p.mu.Unlock()
-	switch {
-	case stopping:
+	if stopping {
 		return errors.New("shutting down")
+	}
+	return p.serving()
+}
+
+// serving is Ready without the shutdown: other replicas' calls are still taken while the
+// front-ends drain (their clients' settlements of what this replica handed out).
+func (p *Proxy) serving() error {
+	switch {
 	case p.client == nil || !p.client.Ready():
 		return errors.New("kubemq backend unreachable")
 	case p.reg == nil || !p.reg.Replayed():
 		return errors.New("registry not replayed yet")
+	case p.cluster == nil:
+		return errors.New("ownership log not opened yet")
+	}
+	select {
+	case <-p.cluster.Ready():
+	default:
+		return errors.New("ownership log not read up to now yet")
 	}
 	return nil
 }
@@ -292,6 +376,10 @@ func (p *Proxy) Addr(name string) string {
 	case "embedded-kubemq":
 		if p.embeddedLis != nil {
 			return p.embeddedLis.Addr().String()
+		}
+	case "cluster":
+		if p.peerLis != nil {
+			return p.peerLis.Addr().String()
 		}
 	}
 	for _, f := range p.frontends {
@@ -333,8 +421,26 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}
 	}
 	if p.deliveries != nil {
+		// Consumers close clean (everything given back, recorded in the acknowledgement
+		// log) and release their queues for other replicas to claim at once.
 		if err := p.deliveries.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("delivery: %w", err))
+		}
+	}
+	if p.peerSrv != nil {
+		p.peerSrv.Stop()
+	}
+	if p.peers != nil {
+		p.peers.Close()
+	}
+	if p.acks != nil {
+		if err := p.acks.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("acknowledgement log: %w", err))
+		}
+	}
+	if p.cluster != nil {
+		if err := p.cluster.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}
 	if p.reg != nil {
@@ -409,4 +515,111 @@ func loadPool(path string) (*x509.CertPool, error) {
 		return nil, errors.New("no PEM certificates found")
 	}
 	return pool, nil
+}
+
+// startCluster opens the ownership and acknowledgement logs, and the peer port and the peer
+// connections when a secret is configured.
+func (p *Proxy) startCluster(deps *Deps) error {
+	cc := p.cfg.Cluster
+	secret := cc.Secret
+	if cc.SecretFile != "" {
+		b, err := os.ReadFile(cc.SecretFile)
+		if err != nil {
+			return fmt.Errorf("cluster.secret_file: %w", err)
+		}
+		secret = strings.TrimSpace(string(b))
+		if secret == "" {
+			return errors.New("cluster.secret_file: the file is empty")
+		}
+	}
+	var serverTLS, clientTLS *tls.Config
+	if cc.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cc.TLSCertFile, cc.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("cluster.tls_cert_file: %w", err)
+		}
+		pool, err := loadPool(cc.TLSCAFile)
+		if err != nil {
+			return fmt.Errorf("cluster.tls_ca_file: %w", err)
+		}
+		serverTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+		clientTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}
+	}
+	po := cluster.PeerOptions{Secret: secret, ServerTLS: serverTLS, ClientTLS: clientTLS}
+	bound := ""
+	if cc.Listen != "" {
+		lis, err := net.Listen("tcp", cc.Listen)
+		if err != nil {
+			return fmt.Errorf("cluster.listen: %w", err)
+		}
+		p.peerLis = lis
+		bound = lis.Addr().String()
+		srv, err := cluster.NewPeerServer(po,
+			[]grpc.UnaryServerInterceptor{func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+				if rerr := p.serving(); rerr != nil {
+					return nil, status.Error(codes.Unavailable, "kubemq-proxy is not ready: "+rerr.Error())
+				}
+				defer func() {
+					if r := recover(); r != nil {
+						p.log.Error("panic in a peer call", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.Stack("stack"))
+						err = status.Error(codes.Internal, "kubemq-proxy: internal error")
+					}
+				}()
+				return h(ctx, req)
+			}},
+			[]grpc.StreamServerInterceptor{func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+				if rerr := p.serving(); rerr != nil {
+					return status.Error(codes.Unavailable, "kubemq-proxy is not ready: "+rerr.Error())
+				}
+				defer func() {
+					if r := recover(); r != nil {
+						p.log.Error("panic in a peer stream", zap.String("method", info.FullMethod), zap.Any("panic", r), zap.Stack("stack"))
+						err = status.Error(codes.Internal, "kubemq-proxy: internal error")
+					}
+				}()
+				return h(srv, ss)
+			}})
+		if err != nil {
+			return err
+		}
+		p.peerSrv = srv
+		p.log.Info("listening", zap.String("listener", "cluster"), zap.String("address", bound))
+	}
+	advertise := cc.AdvertiseAddr(bound)
+	id := cc.ReplicaID
+	if id == "" && p.embedded != nil {
+		// Only this process consumes its own embedded server's queues; with a data dir its
+		// ownership log outlives the process, and a restart must find its queues its own
+		// at once rather than wait out the last process's hold.
+		id = "embedded"
+		if d := p.cfg.Embedded.DataDir; d != "" {
+			if abs, err := filepath.Abs(d); err == nil {
+				d = abs
+			}
+			sum := sha256.Sum256([]byte(d))
+			id = "embedded-" + hex.EncodeToString(sum[:6])
+		}
+	}
+	c, err := cluster.Open(cluster.Options{
+		Client: p.client, Channel: cc.Channel, ReplicaID: id, Advertise: advertise,
+		Lease: cc.Lease, Heartbeat: cc.Heartbeat, Logger: p.log,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	p.cluster = c
+	p.acks, err = cluster.OpenAckLog(cluster.AckLogOptions{
+		Client: p.client, Channel: cc.Channel + ".acks", Window: 2*p.cfg.Delivery.RecordDelay + cc.Lease + 30*time.Second, Logger: p.log,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if secret != "" {
+		if p.peers, err = cluster.NewPeers(po); err != nil {
+			return err
+		}
+		deps.Peers = &Peers{c: c, p: p.peers}
+	}
+	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))
+	return nil
 }

@@ -1,0 +1,179 @@
+package fleet
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
+)
+
+func TestMain(m *testing.M) { proctest.Main(m) }
+
+// lease is the fleet's cluster lease: short, so that takeovers take seconds.
+const lease = 5 * time.Second
+
+func randSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// messages is how many messages a run sends per protocol.
+func messages(t testing.TB) int {
+	if v := os.Getenv("FLEET_MESSAGES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("FLEET_MESSAGES=%q: want a positive integer", v)
+		}
+		return n
+	}
+	if testing.Short() {
+		return 2000
+	}
+	return 20000
+}
+
+// fleet is one run: a backend and the replicas on it.
+type fleet struct {
+	t        testing.TB
+	dir      string
+	suffix   string
+	backend  *proctest.Proc // nil with $KUBEMQ_ADDRESS
+	kubemq   string
+	secret   string
+	replicas []*replica
+	procs    []*proctest.Proc // every process started, for the problem check
+}
+
+// replica is one proxy process and the ports it keeps across restarts.
+type replica struct {
+	f                    *fleet
+	name                 string
+	p                    *proctest.Proc
+	gcp, amqp, http, per string
+}
+
+func newFleet(t testing.TB, n int) *fleet {
+	t.Helper()
+	f := &fleet{t: t, dir: proctest.RunDir(t, "FLEET_LOGS"), suffix: randSuffix(), secret: "fleet-" + randSuffix()}
+	if a := os.Getenv(kubemqtest.EnvAddress); a != "" {
+		f.kubemq = a
+	} else {
+		data := filepath.Join(f.dir, "backend-data")
+		if err := os.MkdirAll(data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", data, "--log.level", logLevel()},
+			kubemqtest.BinaryFlags()...)
+		p, err := proctest.Start(proctest.Binary(t, proctest.Race), "backend", f.dir, []string{"embedded-kubemq"}, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.backend = p
+		f.procs = append(f.procs, p)
+		f.kubemq = p.Addr("embedded-kubemq")
+	}
+	t.Cleanup(f.close)
+	for i := range n {
+		r := &replica{f: f, name: fmt.Sprintf("proxy%d", i)}
+		r.start()
+		f.replicas = append(f.replicas, r)
+	}
+	return f
+}
+
+func logLevel() string { return proctest.LogLevel("FLEET_LOG_LEVEL") }
+
+// start runs the replica on its ports (127.0.0.1:0 the first time) and waits until ready.
+func (r *replica) start() {
+	f := r.f
+	f.t.Helper()
+	addr := func(a string) string {
+		if a == "" {
+			return "127.0.0.1:0"
+		}
+		return a
+	}
+	args := []string{
+		"--gcp.listen", addr(r.gcp), "--amqp.listen", addr(r.amqp), "--amqp.tls_listen", "", "--http.listen", addr(r.http),
+		"--cluster.listen", addr(r.per), "--cluster.secret", f.secret, "--cluster.lease", lease.String(),
+		"--cluster.channel", "kubemq-proxy-fleet.cluster." + f.suffix,
+		"--kubemq.address", f.kubemq, "--registry.channel", "kubemq-proxy-fleet.registry." + f.suffix, "--log.level", logLevel(),
+	}
+	var p *proctest.Proc
+	var err error
+	for attempt := 0; attempt < 5; attempt++ { // a restart rebinds its ports; one may be taken meanwhile
+		p, err = proctest.Start(proctest.Binary(f.t, proctest.Race), r.name, f.dir, []string{"gcp", "amqp", "http", "cluster"}, args...)
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	r.p = p
+	f.procs = append(f.procs, p)
+	r.gcp, r.amqp, r.http, r.per = p.Addr("gcp"), p.Addr("amqp"), p.Addr("http"), p.Addr("cluster")
+	if err := proctest.WaitReady(r.http, 60*time.Second); err != nil {
+		f.t.Fatalf("%s: %v: %s", r.name, err, p.Tail(30))
+	}
+}
+
+// strictRefusals counts the backend's strict-mode refusals so far (0 with an external KubeMQ).
+func (f *fleet) strictRefusals() int {
+	if f.backend == nil {
+		return 0
+	}
+	file, err := os.Open(f.backend.LogPath())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer file.Close()
+	n := 0
+	sc := bufio.NewScanner(file)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "strict mode refused") {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *fleet) checkProblems() {
+	f.t.Helper()
+	for _, p := range f.procs {
+		if pr := p.Problems(); len(pr) > 0 {
+			f.t.Errorf("%s (log %s) reported:\n%s", p.Name(), p.LogPath(), strings.Join(pr, "\n"))
+		}
+	}
+	if n := f.strictRefusals(); n > 0 {
+		f.t.Errorf("the backend refused %d patterns hazardous on a real KubeMQ (strict mode): see %s", n, f.backend.LogPath())
+	}
+}
+
+func (f *fleet) close() {
+	for _, r := range f.replicas {
+		if r.p != nil {
+			r.p.Kill()
+		}
+	}
+	if f.backend != nil {
+		f.backend.Kill()
+	}
+	if f.t.Failed() {
+		for _, p := range f.procs {
+			f.t.Logf("last lines of %s log (%s):%s", p.Name(), p.LogPath(), p.Tail(30))
+		}
+	}
+}

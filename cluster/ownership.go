@@ -185,23 +185,24 @@ type Cluster struct {
 	// maybe blocks claims of a queue: a claim was read whose outcome this view cannot know (it
 	// came too early in the view's window, or was blocked itself), and if it was accepted its
 	// holder may not have heartbeated yet.
-	maybe     map[string]unknownClaim
-	members   map[string]*member
-	owned     map[string]*Ownership
-	sent      map[uint64]time.Time // own claim/heartbeat counter -> local send time
-	pending   map[uint64]chan claimResult
-	claiming  map[string]chan struct{} // queues with an own claim in flight (closed when judged)
-	counter   uint64
-	lastSeq   uint64
-	gapAt     uint64    // the first missing sequence of a gap being read again
-	logTime   time.Time // server time of the newest event read
-	warmFrom  time.Time // claims stamped before this are not judged
-	syncNonce string
-	ready     bool
-	readyCh   chan struct{}
-	warming   []readEvent // events read before the view's own marker (see readLocked)
-	closed    bool
-	mute      bool // tests: heartbeats are not written (a KubeMQ that stopped taking them)
+	maybe        map[string]unknownClaim
+	members      map[string]*member
+	owned        map[string]*Ownership
+	sent         map[uint64]time.Time // own claim/heartbeat counter -> local send time
+	pending      map[uint64]chan claimResult
+	claiming     map[string]chan struct{} // queues with an own claim in flight (closed when judged)
+	counter      uint64
+	lastSeq      uint64
+	gapAt        uint64    // the first missing sequence of a gap being read again
+	logTime      time.Time // server time of the newest event read
+	warmFrom     time.Time // claims stamped before this are not judged
+	syncNonce    string
+	ready        bool
+	readyCh      chan struct{}
+	warming      []readEvent // events read before the view's own marker (see readLocked)
+	closed       bool
+	mute         bool // tests: heartbeats are not written (a KubeMQ that stopped taking them)
+	lastSlowWarn time.Time
 
 	pubMu sync.Mutex // one write at a time (publish)
 
@@ -792,6 +793,11 @@ func (c *Cluster) renewLocked(queue string, claim, n uint64) {
 	}
 	if at, ok := c.sent[n]; ok && at.After(o.confirmed) {
 		o.confirmed = at
+		if d := time.Since(at); d > c.opts.Heartbeat && time.Since(c.lastSlowWarn) > 10*time.Second {
+			c.lastSlowWarn = time.Now()
+			c.log.Warn("a heartbeat took long to come back from the ownership log; holdings are given up when it takes longer than lease - 3s",
+				zap.Duration("took", d), zap.Duration("lease", c.opts.Lease))
+		}
 	}
 }
 

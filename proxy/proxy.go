@@ -115,18 +115,19 @@ type Proxy struct {
 	log     *zap.Logger
 	metrics *prometheus.Registry
 
-	embedded    *embedded.Server
-	embeddedLis net.Listener
-	client      *kubemqclient.Client
-	reg         *registry.Registry
-	cluster     *cluster.Cluster
-	acks        *cluster.AckLog
-	peers       *cluster.Peers
-	peerSrv     *grpc.Server
-	peerLis     net.Listener
-	deliveries  *delivery.Manager
-	httpSrv     *http.Server
-	httpLis     net.Listener
+	embedded      *embedded.Server
+	embeddedLis   net.Listener
+	client        *kubemqclient.Client
+	reg           *registry.Registry
+	clusterClient *kubemqclient.Client // the ownership and acknowledgement logs' own
+	cluster       *cluster.Cluster
+	acks          *cluster.AckLog
+	peers         *cluster.Peers
+	peerSrv       *grpc.Server
+	peerLis       net.Listener
+	deliveries    *delivery.Manager
+	httpSrv       *http.Server
+	httpLis       net.Listener
 
 	frontends []runningFrontend
 	logLevel  *zap.AtomicLevel // served on /loglevel when set
@@ -207,6 +208,14 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		copts.TLS = tc
 	}
 	p.client, err = kubemqclient.Dial(ctx, copts)
+	if err != nil {
+		return fmt.Errorf("kubemq client: %w", err)
+	}
+	// The ownership and acknowledgement logs go through a connection of their own: a
+	// heartbeat queued behind a burst of published messages on the shared event streams
+	// could come back too late and cost the replica its queues.
+	copts.Observe, copts.Logger = nil, p.log.Named("kubemq.cluster")
+	p.clusterClient, err = kubemqclient.Dial(ctx, copts)
 	if err != nil {
 		return fmt.Errorf("kubemq client: %w", err)
 	}
@@ -446,6 +455,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	if p.reg != nil {
 		p.reg.Close()
 	}
+	if p.clusterClient != nil {
+		p.clusterClient.Close()
+	}
 	if p.client != nil {
 		p.client.Close()
 	}
@@ -601,7 +613,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		}
 	}
 	c, err := cluster.Open(cluster.Options{
-		Client: p.client, Channel: cc.Channel, ReplicaID: id, Advertise: advertise,
+		Client: p.clusterClient, Channel: cc.Channel, ReplicaID: id, Advertise: advertise,
 		Lease: cc.Lease, Heartbeat: cc.Heartbeat, Logger: p.log,
 	})
 	if err != nil {
@@ -609,7 +621,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 	}
 	p.cluster = c
 	p.acks, err = cluster.OpenAckLog(cluster.AckLogOptions{
-		Client: p.client, Channel: cc.Channel + ".acks", Window: 2*p.cfg.Delivery.RecordDelay + cc.Lease + 30*time.Second, Logger: p.log,
+		Client: p.clusterClient, Channel: cc.Channel + ".acks", Window: 2*p.cfg.Delivery.RecordDelay + cc.Lease + 30*time.Second, Logger: p.log,
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)

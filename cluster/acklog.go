@@ -60,6 +60,10 @@ type AckLog struct {
 	ready   chan struct{} // closed once the window before start has been read
 	started string        // the marker that ends the first read
 
+	// flushMu makes writes of settlements one at a time, so that a Sync or Retire that
+	// follows a write in progress (the flush loop's) is written after it.
+	flushMu sync.Mutex
+
 	wake   chan struct{} // cap 1: a batch is full
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -146,7 +150,9 @@ func (a *AckLog) Settle(queue string, owner Key, keys ...Key) {
 // Retire writes what is pending for owner, then the marker that owner closed with every lease
 // settled: every record of it that returns is obsolete.
 func (a *AckLog) Retire(ctx context.Context, queue string, owner Key) error {
-	if err := a.flushOwner(ctx, owner); err != nil {
+	a.flushMu.Lock()
+	defer a.flushMu.Unlock()
+	if err := a.flushOwnerLocked(ctx, owner); err != nil {
 		return err
 	}
 	return a.publish(ctx, ackEvent{Owner: b64(owner), Queue: queue, Closed: true})
@@ -228,7 +234,8 @@ func (a *AckLog) take(owner Key) *pendingAcks {
 	return p
 }
 
-func (a *AckLog) flushOwner(ctx context.Context, owner Key) error {
+// flushOwnerLocked writes owner's pending settlements (flushMu held).
+func (a *AckLog) flushOwnerLocked(ctx context.Context, owner Key) error {
 	p := a.take(owner)
 	if p == nil {
 		return nil
@@ -248,6 +255,8 @@ func (a *AckLog) flushOwner(ctx context.Context, owner Key) error {
 }
 
 func (a *AckLog) flushAll(ctx context.Context) error {
+	a.flushMu.Lock()
+	defer a.flushMu.Unlock()
 	a.mu.Lock()
 	owners := make([]Key, 0, len(a.pending))
 	for o := range a.pending {
@@ -256,7 +265,7 @@ func (a *AckLog) flushAll(ctx context.Context) error {
 	a.mu.Unlock()
 	var errs []error
 	for _, o := range owners {
-		if err := a.flushOwner(ctx, o); err != nil {
+		if err := a.flushOwnerLocked(ctx, o); err != nil {
 			errs = append(errs, err)
 		}
 	}

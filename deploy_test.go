@@ -136,8 +136,17 @@ func TestKubernetesSidecar(t *testing.T) {
 	for _, e := range side["env"].([]any) {
 		m := e.(map[string]any)
 		env[m["name"].(string)], _ = m["value"].(string)
+		if m["valueFrom"] != nil {
+			env[m["name"].(string)] = "set-by-kubernetes" // a field or Secret, filled in at run time
+		}
 	}
 	checkEnv(t, "sidecar", env)
+	if n, _ := dig(docs[0], "spec", "replicas").(int); n < 2 {
+		t.Errorf("the sidecar example runs %d replica: it must show several", n)
+	}
+	if env["KUBEMQ_PROXY_CLUSTER_LISTEN"] == "" || env["KUBEMQ_PROXY_CLUSTER_ADVERTISE"] == "" || env["KUBEMQ_PROXY_CLUSTER_SECRET"] == "" {
+		t.Error("the sidecar does not set cluster.listen, cluster.advertise and cluster.secret")
+	}
 	def := proxyDefaultsHTTPPort(t)
 	if p := dig(side, "ports", 0, "containerPort"); fmt.Sprint(p) != def {
 		t.Errorf("sidecar port %v, proxy serves HTTP on %s", p, def)

@@ -237,7 +237,7 @@ func newServer(c core) (*Server, error) {
 	)
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
-	pubsubpb.RegisterSchemaServiceServer(s.grpc, pubsubpb.UnimplementedSchemaServiceServer{})
+	pubsubpb.RegisterSchemaServiceServer(s.grpc, &schemaService{s: s})
 	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{})
 	return s, nil
 }

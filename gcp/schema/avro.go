@@ -1,7 +1,6 @@
 package schema
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hamba/avro/v2"
+	jsoniter "github.com/json-iterator/go"
 )
 
 // Bounds on one message's validation, so that a small hostile message
@@ -48,14 +48,15 @@ const (
 // revision from hamba's schema, shared read-only by every validation.
 // Recursive schemas are cycles of pointers.
 type avroNode struct {
-	kind     avroKind
-	name     string // full name of a named type, else the type name; union branches are chosen by it in JSON
-	fields   []avroField
-	symbols  map[string]int32 // enum
-	nsymbols int32
-	size     int         // fixed
-	items    *avroNode   // array items, map values
-	branches []*avroNode // union
+	kind       avroKind
+	name       string // full name of a named type, else the type name; union branches are chosen by it in JSON
+	fields     []avroField
+	symbols    map[string]int32 // enum: symbol -> index+1
+	nsymbols   int32
+	fieldIndex map[string]int // record: field name -> index in fields
+	size       int            // fixed
+	items      *avroNode      // array items, map values
+	branches   []*avroNode    // union
 }
 
 type avroField struct {
@@ -113,9 +114,10 @@ func (c *avroCompiler) node(s avro.Schema) (*avroNode, error) {
 		if n, ok := c.named[s.FullName()]; ok {
 			return n, nil
 		}
-		n := &avroNode{kind: avroRecord, name: s.FullName()}
+		n := &avroNode{kind: avroRecord, name: s.FullName(), fieldIndex: map[string]int{}}
 		c.named[s.FullName()] = n // before the fields: they may refer to it
-		for _, f := range s.Fields() {
+		for i, f := range s.Fields() {
+			n.fieldIndex[f.Name()] = i
 			fn, err := c.node(f.Type())
 			if err != nil {
 				return nil, err
@@ -129,7 +131,7 @@ func (c *avroCompiler) node(s avro.Schema) (*avroNode, error) {
 		}
 		n := &avroNode{kind: avroEnum, name: s.FullName(), symbols: map[string]int32{}, nsymbols: int32(len(s.Symbols()))}
 		for i, sym := range s.Symbols() {
-			n.symbols[sym] = int32(i)
+			n.symbols[sym] = int32(i) + 1
 		}
 		c.named[s.FullName()] = n
 		return n, nil
@@ -166,6 +168,13 @@ func (c *avroCompiler) node(s avro.Schema) (*avroNode, error) {
 	return nil, badDefinition("unsupported schema %T", s)
 }
 
+// jsonAPI reads JSON for the Avro walk: json-iterator streams through the
+// data once without building values (encoding/json's Unmarshal into an
+// interface costs several times as much); encoding/json's Valid checks the
+// syntax first, as json-iterator is lenient in places (escapes, unknown
+// members it skips).
+var jsonAPI = jsoniter.Config{}.Froze()
+
 // validateJSON checks data in the Avro specification's JSON encoding: a
 // record is an object with every field present (extra members are
 // ignored; defaults are not applied, as Google's validator does not), a
@@ -173,17 +182,20 @@ func (c *avroCompiler) node(s avro.Schema) (*avroNode, error) {
 // type, bytes and fixed are strings (a fixed value has size characters),
 // an enum is one of its symbols. It returns "" when data conforms.
 func (a *avroSchema) validateJSON(data []byte) string {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return "invalid JSON: " + err.Error()
+	if !json.Valid(data) {
+		var v any
+		if err := json.Unmarshal(data, &v); err != nil {
+			return "invalid JSON: " + err.Error()
+		}
+		return "invalid JSON"
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return "invalid JSON: data after the top-level value"
-	}
-	if err := jsonValue(a.root, v, 0); err != nil {
+	it := jsonAPI.BorrowIterator(data)
+	defer jsonAPI.ReturnIterator(it)
+	if err := jsonValue(it, a.root, 0); err != nil {
 		return err.Error()
+	}
+	if it.Error != nil {
+		return "invalid JSON: " + it.Error.Error()
 	}
 	return ""
 }
@@ -214,46 +226,34 @@ func within(err error, step string) error {
 	return err
 }
 
-func mismatch(n *avroNode, v any) error {
-	return &pathError{msg: fmt.Sprintf("expected %s, got %s", n.name, jsonKind(v))}
+var jsonKinds = map[jsoniter.ValueType]string{jsoniter.NilValue: "null", jsoniter.BoolValue: "boolean",
+	jsoniter.NumberValue: "number", jsoniter.StringValue: "string", jsoniter.ArrayValue: "array", jsoniter.ObjectValue: "object"}
+
+func mismatch(n *avroNode, t jsoniter.ValueType) error {
+	return &pathError{msg: fmt.Sprintf("expected %s, got %s", n.name, jsonKinds[t])}
 }
 
-func jsonKind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case json.Number:
-		return "number"
-	case string:
-		return "string"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "object"
-	}
-	return fmt.Sprintf("%T", v)
-}
+// jsonTypeOf is the JSON type a value of each kind (but a union) has.
+var jsonTypeOf = [...]jsoniter.ValueType{avroNull: jsoniter.NilValue, avroBoolean: jsoniter.BoolValue, avroInt: jsoniter.NumberValue,
+	avroLong: jsoniter.NumberValue, avroFloat: jsoniter.NumberValue, avroDouble: jsoniter.NumberValue, avroBytes: jsoniter.StringValue,
+	avroString: jsoniter.StringValue, avroRecord: jsoniter.ObjectValue, avroEnum: jsoniter.StringValue, avroArray: jsoniter.ArrayValue,
+	avroMap: jsoniter.ObjectValue, avroUnion: jsoniter.InvalidValue, avroFixed: jsoniter.StringValue}
 
-func jsonValue(n *avroNode, v any, depth int) error {
+// jsonValue checks the value at the iterator against n and consumes it.
+func jsonValue(it *jsoniter.Iterator, n *avroNode, depth int) error {
 	if depth > maxDepth {
 		return &pathError{msg: "nesting too deep"}
 	}
+	t := it.WhatIsNext()
+	if w := jsonTypeOf[n.kind]; n.kind != avroUnion && w != t {
+		return mismatch(n, t)
+	}
+	var err error
 	switch n.kind {
-	case avroNull:
-		if v != nil {
-			return mismatch(n, v)
-		}
-	case avroBoolean:
-		if _, ok := v.(bool); !ok {
-			return mismatch(n, v)
-		}
+	case avroNull, avroBoolean, avroBytes, avroString:
+		it.Skip()
 	case avroInt, avroLong:
-		num, ok := v.(json.Number)
-		if !ok {
-			return mismatch(n, v)
-		}
+		num := it.ReadNumber()
 		bits := 64
 		if n.kind == avroInt {
 			bits = 32
@@ -262,93 +262,101 @@ func jsonValue(n *avroNode, v any, depth int) error {
 			return &pathError{msg: fmt.Sprintf("%s is not a %d-bit integer (%s)", num, bits, n.name)}
 		}
 	case avroFloat, avroDouble:
-		num, ok := v.(json.Number)
-		if !ok {
-			return mismatch(n, v)
-		}
-		if _, err := strconv.ParseFloat(string(num), 64); err != nil {
+		if num := it.ReadNumber(); !finite(string(num)) {
 			return &pathError{msg: fmt.Sprintf("%s is out of range for %s", num, n.name)}
 		}
-	case avroBytes, avroString:
-		if _, ok := v.(string); !ok {
-			return mismatch(n, v)
-		}
 	case avroFixed:
-		s, ok := v.(string)
-		if !ok {
-			return mismatch(n, v)
-		}
-		if c := utf8.RuneCountInString(s); c != n.size {
+		if c := utf8.RuneCountInString(it.ReadString()); c != n.size {
 			return &pathError{msg: fmt.Sprintf("fixed %s needs %d characters, got %d", n.name, n.size, c)}
 		}
 	case avroEnum:
-		s, ok := v.(string)
-		if !ok {
-			return mismatch(n, v)
-		}
-		if _, ok := n.symbols[s]; !ok {
+		if s := it.ReadString(); n.symbols[s] == 0 {
 			return &pathError{msg: fmt.Sprintf("%q is not a symbol of enum %s", s, n.name)}
 		}
 	case avroRecord:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return mismatch(n, v)
-		}
-		for _, f := range n.fields {
-			fv, ok := obj[f.name]
+		seen := make([]bool, len(n.fields))
+		it.ReadObjectCB(func(it *jsoniter.Iterator, key string) bool {
+			i, ok := n.fieldIndex[key]
 			if !ok {
-				return &pathError{path: f.name, msg: "missing field of record " + n.name}
+				it.Skip() // extra members are ignored
+				return true
 			}
-			if err := jsonValue(f.node, fv, depth+1); err != nil {
-				return within(err, f.name)
+			seen[i] = true
+			if err = jsonValue(it, n.fields[i].node, depth+1); err != nil {
+				err = within(err, key)
+				return false
+			}
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		for i, f := range n.fields {
+			if !seen[i] {
+				return &pathError{path: f.name, msg: "missing field of record " + n.name}
 			}
 		}
 	case avroArray:
-		arr, ok := v.([]any)
-		if !ok {
-			return mismatch(n, v)
-		}
-		for i, item := range arr {
-			if err := jsonValue(n.items, item, depth+1); err != nil {
-				return within(err, "["+strconv.Itoa(i)+"]")
+		i := 0
+		it.ReadArrayCB(func(it *jsoniter.Iterator) bool {
+			if err = jsonValue(it, n.items, depth+1); err != nil {
+				err = within(err, "["+strconv.Itoa(i)+"]")
+				return false
 			}
-		}
+			i++
+			return true
+		})
 	case avroMap:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return mismatch(n, v)
-		}
-		for k, item := range obj {
-			if err := jsonValue(n.items, item, depth+1); err != nil {
-				return within(err, "["+strconv.Quote(k)+"]")
+		it.ReadObjectCB(func(it *jsoniter.Iterator, key string) bool {
+			if err = jsonValue(it, n.items, depth+1); err != nil {
+				err = within(err, "["+strconv.Quote(key)+"]")
+				return false
 			}
-		}
+			return true
+		})
 	case avroUnion:
-		if v == nil {
+		switch t {
+		case jsoniter.NilValue:
+			it.Skip()
 			for _, b := range n.branches {
 				if b.kind == avroNull {
 					return nil
 				}
 			}
 			return &pathError{msg: "null is not a branch of the union"}
+		case jsoniter.ObjectValue:
+		default:
+			return &pathError{msg: fmt.Sprintf("a union value must be null or an object with one member naming its type, got %s", jsonKinds[t])}
 		}
-		obj, ok := v.(map[string]any)
-		if !ok || len(obj) != 1 {
-			return &pathError{msg: fmt.Sprintf("a union value must be null or an object with one member naming its type, got %s", jsonKind(v))}
-		}
-		for name, bv := range obj {
+		members := 0
+		it.ReadObjectCB(func(it *jsoniter.Iterator, name string) bool {
+			if members++; members > 1 {
+				err = &pathError{msg: "a union value must be null or an object with one member naming its type, got more members"}
+				return false
+			}
 			for _, b := range n.branches {
 				if b.name == name && b.kind != avroNull {
-					if err := jsonValue(b, bv, depth+1); err != nil {
-						return within(err, "<"+name+">")
+					if err = jsonValue(it, b, depth+1); err != nil {
+						err = within(err, "<"+name+">")
+						return false
 					}
-					return nil
+					return true
 				}
 			}
-			return &pathError{msg: fmt.Sprintf("%q is not a branch of the union", name)}
+			err = &pathError{msg: fmt.Sprintf("%q is not a branch of the union", name)}
+			return false
+		})
+		if err == nil && members == 0 {
+			err = &pathError{msg: "a union value must be null or an object with one member naming its type, got an empty object"}
 		}
 	}
-	return nil
+	return err
+}
+
+// finite reports whether a JSON number fits a double.
+func finite(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
 }
 
 // integral reports whether a JSON number is an integer that fits in bits

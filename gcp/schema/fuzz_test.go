@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/hamba/avro/v2"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -82,7 +84,10 @@ func FuzzAvroBinary(f *testing.F) {
 	})
 }
 
-// FuzzAvroJSON: no panic; what is accepted stays accepted without its
+// FuzzAvroJSON: the streaming walk decides as a plain walk over
+// encoding/json's decoded value does (refJSON), unless the data repeats an
+// object member (the streaming walk checks every occurrence, the decoded
+// value keeps the last); what is accepted stays accepted without its
 // whitespace.
 func FuzzAvroJSON(f *testing.F) {
 	f.Add([]byte(`{"name":"Alaska","post_abbr":"AK"}`), uint8(2))
@@ -90,6 +95,13 @@ func FuzzAvroJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, which uint8) {
 		v := fuzzValidator(t, pubsubpb.Schema_AVRO, pick(fuzzAvro, which))
 		err := v.Validate(data, pubsubpb.Encoding_JSON)
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		var val any
+		ref := json.Valid(data) && dec.Decode(&val) == nil && refJSON(v.avro.root, val, 0)
+		if ref != (err == nil) && !repeatsMember(data) {
+			t.Fatalf("streaming walk says %v, the walk over the decoded value %v", err, ref)
+		}
 		if err != nil {
 			checkMessageError(t, err, pubsubpb.Encoding_JSON)
 			return
@@ -183,4 +195,143 @@ func FuzzCompile(f *testing.F) {
 		v.Validate([]byte(def), pubsubpb.Encoding_JSON)
 		v.Validate([]byte(def), pubsubpb.Encoding_BINARY)
 	})
+}
+
+// refJSON is the Avro JSON check over a value encoding/json decoded (with
+// UseNumber): slow, obviously right, the fuzzer's reference.
+func refJSON(n *avroNode, v any, depth int) bool {
+	if depth > maxDepth {
+		return false
+	}
+	switch n.kind {
+	case avroNull:
+		return v == nil
+	case avroBoolean:
+		_, ok := v.(bool)
+		return ok
+	case avroInt, avroLong:
+		num, ok := v.(json.Number)
+		bits := 64
+		if n.kind == avroInt {
+			bits = 32
+		}
+		return ok && integral(string(num), bits)
+	case avroFloat, avroDouble:
+		num, ok := v.(json.Number)
+		return ok && finite(string(num))
+	case avroBytes, avroString:
+		_, ok := v.(string)
+		return ok
+	case avroFixed:
+		s, ok := v.(string)
+		return ok && utf8.RuneCountInString(s) == n.size
+	case avroEnum:
+		s, ok := v.(string)
+		return ok && n.symbols[s] != 0
+	case avroRecord:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		for _, f := range n.fields {
+			fv, ok := obj[f.name]
+			if !ok || !refJSON(f.node, fv, depth+1) {
+				return false
+			}
+		}
+		return true
+	case avroArray:
+		arr, ok := v.([]any)
+		if !ok {
+			return false
+		}
+		for _, item := range arr {
+			if !refJSON(n.items, item, depth+1) {
+				return false
+			}
+		}
+		return true
+	case avroMap:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		for _, item := range obj {
+			if !refJSON(n.items, item, depth+1) {
+				return false
+			}
+		}
+		return true
+	case avroUnion:
+		if v == nil {
+			return slices.ContainsFunc(n.branches, func(b *avroNode) bool { return b.kind == avroNull })
+		}
+		obj, ok := v.(map[string]any)
+		if !ok || len(obj) != 1 {
+			return false
+		}
+		for name, bv := range obj {
+			for _, b := range n.branches {
+				if b.name == name && b.kind != avroNull {
+					return refJSON(b, bv, depth+1)
+				}
+			}
+		}
+		return false
+	}
+	return false
+}
+
+// repeatsMember reports whether some JSON object in data names a member
+// twice.
+func repeatsMember(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	type frame struct {
+		keys   map[string]bool
+		object bool
+		key    bool // the next string token is a key
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch tok := tok.(type) {
+		case json.Delim:
+			switch tok {
+			case '{':
+				if top != nil && top.object {
+					top.key = true
+				}
+				stack = append(stack, &frame{keys: map[string]bool{}, object: true, key: true})
+				continue
+			case '[':
+				if top != nil && top.object {
+					top.key = true
+				}
+				stack = append(stack, &frame{})
+				continue
+			default:
+				stack = stack[:len(stack)-1]
+				continue
+			}
+		case string:
+			if top != nil && top.object && top.key {
+				if top.keys[tok] {
+					return true
+				}
+				top.keys[tok] = true
+				top.key = false
+				continue
+			}
+		}
+		if top != nil && top.object {
+			top.key = true
+		}
+	}
 }

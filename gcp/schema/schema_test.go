@@ -195,7 +195,7 @@ func TestAvroJSON(t *testing.T) {
 		{strings.Replace(ok, `"n":null,`, ``, 1), false, "n: missing field of record t.All"},
 		{strings.Replace(ok, `"b":true`, `"b":null`, 1), false, "b: expected boolean, got null"},
 		{ok + " x", false, "invalid JSON"},
-		{ok + ok, false, "data after the top-level value"},
+		{ok + ok, false, "after top-level value"},
 		{`[1]`, false, "expected t.All, got array"},
 		{``, false, "invalid JSON"},
 		{`{"a":`, false, "invalid JSON"},

@@ -122,6 +122,9 @@ type revEntry struct {
 // validator compiles the definition on first use.
 func (r *revEntry) validator() (*schema.Validator, error) {
 	r.once.Do(func() { r.v, r.err = schema.Compile(r.def) })
+	if r.v == nil && r.err == nil {
+		return nil, schema.ErrType // seeded with nothing: cannot happen, never a nil Validator
+	}
 	return r.v, r.err
 }
 

@@ -73,7 +73,14 @@ func (v *Validator) Type() pubsubpb.Schema_Type { return v.typ }
 
 // Compile parses and checks one schema revision: its type and either its
 // definition or (Protocol Buffers only) its pre-compiled descriptor set.
-func Compile(s *pubsubpb.Schema) (*Validator, error) {
+// A panic in a parsing library is turned into a DefinitionError: a bad
+// definition must never take the server down (FuzzCompile has found none).
+func Compile(s *pubsubpb.Schema) (v *Validator, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			v, err = nil, badDefinition("the definition could not be parsed (%v)", p)
+		}
+	}()
 	if len(s.GetDefinition()) > MaxDefinitionBytes {
 		return nil, ErrTooLarge
 	}

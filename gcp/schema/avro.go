@@ -1,12 +1,12 @@
 package schema
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/hamba/avro/v2"
@@ -170,9 +170,12 @@ func (c *avroCompiler) node(s avro.Schema) (*avroNode, error) {
 
 // jsonAPI reads JSON for the Avro walk: json-iterator streams through the
 // data once without building values (encoding/json's Unmarshal into an
-// interface costs several times as much); encoding/json's Valid checks the
-// syntax first, as json-iterator is lenient in places (escapes, unknown
-// members it skips).
+// interface, or even its Valid, costs several times as much). Where
+// json-iterator is lenient the walk adds the checks: string contents
+// (checkJSONStrings, one pass before), number syntax (jsonNumber), data
+// after the value, and members a record does not define are walked as
+// strictly as the rest (skipJSON) rather than skipped. FuzzAvroJSON holds
+// the walk to encoding/json's verdicts.
 var jsonAPI = jsoniter.Config{}.Froze()
 
 // validateJSON checks data in the Avro specification's JSON encoding: a
@@ -182,22 +185,155 @@ var jsonAPI = jsoniter.Config{}.Froze()
 // type, bytes and fixed are strings (a fixed value has size characters),
 // an enum is one of its symbols. It returns "" when data conforms.
 func (a *avroSchema) validateJSON(data []byte) string {
-	if !json.Valid(data) {
-		var v any
-		if err := json.Unmarshal(data, &v); err != nil {
-			return "invalid JSON: " + err.Error()
-		}
-		return "invalid JSON"
+	if msg := checkJSONStrings(data); msg != "" {
+		return "invalid JSON: " + msg
 	}
 	it := jsonAPI.BorrowIterator(data)
 	defer jsonAPI.ReturnIterator(it)
 	if err := jsonValue(it, a.root, 0); err != nil {
+		if it.Error != nil && !errors.Is(it.Error, io.EOF) {
+			return "invalid JSON: " + trimJSONIterError(it.Error)
+		}
 		return err.Error()
 	}
-	if it.Error != nil {
-		return "invalid JSON: " + it.Error.Error()
+	if it.Error != nil && !errors.Is(it.Error, io.EOF) {
+		return "invalid JSON: " + trimJSONIterError(it.Error)
+	}
+	// Only whitespace may follow the value (a number at the very end has
+	// already met the end of the data).
+	if it.WhatIsNext() != jsoniter.InvalidValue || !errors.Is(it.Error, io.EOF) {
+		return "invalid JSON: data after the top-level value"
 	}
 	return ""
+}
+
+// trimJSONIterError keeps json-iterator's reason and drops its dump of the
+// surrounding bytes.
+func trimJSONIterError(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, ", error found in #"); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
+
+// checkJSONStrings checks what json-iterator does not inside strings: no
+// raw control characters, only JSON's escapes. Outside strings it leaves
+// everything to the walk.
+func checkJSONStrings(b []byte) string {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '"' {
+			continue
+		}
+		for i++; ; i++ {
+			if i >= len(b) {
+				return "unterminated string"
+			}
+			c := b[i]
+			if c == '"' {
+				break
+			}
+			if c < 0x20 {
+				return fmt.Sprintf("control character %#02x in a string", c)
+			}
+			if c != '\\' {
+				continue
+			}
+			if i++; i >= len(b) {
+				return "unterminated string"
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(b) || !isHex(b[i+1]) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) {
+					return "invalid \\u escape in a string"
+				}
+				i += 4
+			default:
+				return fmt.Sprintf("invalid escape \\%c in a string", b[i])
+			}
+		}
+	}
+	return ""
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+// jsonNumber reports whether s has JSON's number syntax
+// (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?); json-iterator reads any
+// run of digits, signs, dots and exponents as a number.
+func jsonNumber(s string) bool {
+	i := 0
+	digits := func() int {
+		n := 0
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	if i < len(s) && s[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(s)
+}
+
+// readNumber reads a number with JSON's syntax.
+func readNumber(it *jsoniter.Iterator) (string, error) {
+	num := string(it.ReadNumber())
+	if !jsonNumber(num) {
+		if it.Error == nil || errors.Is(it.Error, io.EOF) {
+			it.Error = fmt.Errorf("invalid number %q", num)
+		}
+		return num, &pathError{msg: fmt.Sprintf("invalid number %q", num)}
+	}
+	return num, nil
+}
+
+// skipJSON consumes a value nothing is checked against (a member a record
+// does not define), with the walk's strictness.
+func skipJSON(it *jsoniter.Iterator, depth int) error {
+	if depth > maxDepth {
+		return &pathError{msg: "nesting too deep"}
+	}
+	var err error
+	switch it.WhatIsNext() {
+	case jsoniter.NumberValue:
+		_, err = readNumber(it)
+	case jsoniter.ObjectValue:
+		it.ReadObjectCB(func(it *jsoniter.Iterator, _ string) bool {
+			err = skipJSON(it, depth+1)
+			return err == nil
+		})
+	case jsoniter.ArrayValue:
+		it.ReadArrayCB(func(it *jsoniter.Iterator) bool {
+			err = skipJSON(it, depth+1)
+			return err == nil
+		})
+	default:
+		it.Skip() // strings (checked before), literals, or an error
+	}
+	return err
 }
 
 // pathError says where in the value a mismatch is.
@@ -230,6 +366,9 @@ var jsonKinds = map[jsoniter.ValueType]string{jsoniter.NilValue: "null", jsonite
 	jsoniter.NumberValue: "number", jsoniter.StringValue: "string", jsoniter.ArrayValue: "array", jsoniter.ObjectValue: "object"}
 
 func mismatch(n *avroNode, t jsoniter.ValueType) error {
+	if t == jsoniter.InvalidValue {
+		return &pathError{msg: fmt.Sprintf("invalid JSON: no value where %s was expected", n.name)}
+	}
 	return &pathError{msg: fmt.Sprintf("expected %s, got %s", n.name, jsonKinds[t])}
 }
 
@@ -253,16 +392,23 @@ func jsonValue(it *jsoniter.Iterator, n *avroNode, depth int) error {
 	case avroNull, avroBoolean, avroBytes, avroString:
 		it.Skip()
 	case avroInt, avroLong:
-		num := it.ReadNumber()
+		num, err := readNumber(it)
+		if err != nil {
+			return err
+		}
 		bits := 64
 		if n.kind == avroInt {
 			bits = 32
 		}
-		if !integral(string(num), bits) {
+		if !integral(num, bits) {
 			return &pathError{msg: fmt.Sprintf("%s is not a %d-bit integer (%s)", num, bits, n.name)}
 		}
 	case avroFloat, avroDouble:
-		if num := it.ReadNumber(); !finite(string(num)) {
+		num, err := readNumber(it)
+		if err != nil {
+			return err
+		}
+		if !finite(num) {
 			return &pathError{msg: fmt.Sprintf("%s is out of range for %s", num, n.name)}
 		}
 	case avroFixed:
@@ -278,7 +424,11 @@ func jsonValue(it *jsoniter.Iterator, n *avroNode, depth int) error {
 		it.ReadObjectCB(func(it *jsoniter.Iterator, key string) bool {
 			i, ok := n.fieldIndex[key]
 			if !ok {
-				it.Skip() // extra members are ignored
+				// Extra members are ignored, but must be JSON.
+				if err = skipJSON(it, depth+1); err != nil {
+					err = within(err, key)
+					return false
+				}
 				return true
 			}
 			seen[i] = true
@@ -325,6 +475,8 @@ func jsonValue(it *jsoniter.Iterator, n *avroNode, depth int) error {
 			}
 			return &pathError{msg: "null is not a branch of the union"}
 		case jsoniter.ObjectValue:
+		case jsoniter.InvalidValue:
+			return mismatch(n, t)
 		default:
 			return &pathError{msg: fmt.Sprintf("a union value must be null or an object with one member naming its type, got %s", jsonKinds[t])}
 		}

@@ -195,7 +195,7 @@ func TestAvroJSON(t *testing.T) {
 		{strings.Replace(ok, `"n":null,`, ``, 1), false, "n: missing field of record t.All"},
 		{strings.Replace(ok, `"b":true`, `"b":null`, 1), false, "b: expected boolean, got null"},
 		{ok + " x", false, "invalid JSON"},
-		{ok + ok, false, "after top-level value"},
+		{ok + ok, false, "data after the top-level value"},
 		{`[1]`, false, "expected t.All, got array"},
 		{``, false, "invalid JSON"},
 		{`{"a":`, false, "invalid JSON"},
@@ -308,4 +308,27 @@ func TestSeparateNameSpaces(t *testing.T) {
 	if a.Validate([]byte(`{"a":1}`), pubsubpb.Encoding_JSON) != nil || b.Validate([]byte(`{"b":"x"}`), pubsubpb.Encoding_JSON) != nil {
 		t.Fatal("same-named records interfere")
 	}
+}
+
+// TestAvroJSONStrictness: the streaming walk refuses what is not JSON as
+// encoding/json does, also where json-iterator alone would let it pass.
+func TestAvroJSONStrictness(t *testing.T) {
+	st := mustCompile(t, pubsubpb.Schema_AVRO, avroState)
+	runCases(t, st, pubsubpb.Encoding_JSON, []msgCase{
+		{`{"name":"a\n\"b\u00e9\/","post_abbr":"AK"}`, true, ""},
+		{"{\"name\":\"a\\n\tb\",\"post_abbr\":\"AK\"}", false, "control character 0x09 in a string"},
+		{`{"name":"\q","post_abbr":"AK"}`, false, `invalid escape \q`},
+		{`{"name":"\u12","post_abbr":"AK"}`, false, `invalid \u escape`},
+		{`{"name":"A","post_abbr":"AK","x":[01]}`, false, `invalid number "01"`},
+		{`{"name":"A","post_abbr":"AK","x":{"y":[1,{}]}}`, true, ""},
+		{`{"name":"A","post_abbr":"AK","x":[1,]}`, false, "invalid JSON"},
+		{`{"name":"A","post_abbr":"AK"} x`, false, "data after the top-level value"},
+		{`{"name":"A","post_abbr":"AK"`, false, "invalid JSON"},
+		{`{"name":"A","post_abbr":"AK}`, false, "unterminated string"},
+	})
+	num := mustCompile(t, pubsubpb.Schema_AVRO, `"long"`)
+	runCases(t, num, pubsubpb.Encoding_JSON, []msgCase{
+		{`-12`, true, ""}, {` 7 `, true, ""}, {`1e3`, true, ""},
+		{`+1`, false, ""}, {`1.`, false, ""}, {`.5`, false, ""}, {`1e`, false, ""}, {`01`, false, ""}, {`--1`, false, ""},
+	})
 }

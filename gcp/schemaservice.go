@@ -203,19 +203,30 @@ func (ss *schemaService) GetSchema(ctx context.Context, req *pubsubpb.GetSchemaR
 	if err != nil {
 		return nil, err
 	}
+	e, meta, err := ss.revisionOf(sn, errNoSchemaRevision)
+	if err != nil {
+		return nil, err
+	}
+	return ss.render(sn.Project, e, meta, req.GetView(), false)
+}
+
+// revisionOf finds the schema and its revision named in sn, or its newest
+// one when sn names none; missing is the answer for an unknown revision
+// (GetSchema and ValidateMessage word it differently).
+func (ss *schemaService) revisionOf(sn names.SchemaName, missing error) (*schemaEntry, schemaRevMeta, error) {
 	e, ok := ss.s.cat.schema(sn.ID)
 	if !ok {
-		return nil, errNoSchema
+		return nil, schemaRevMeta{}, errNoSchema
 	}
 	var meta schemaRevMeta
 	if sn.Revision != "" {
 		if meta, ok = e.rev(sn.Revision); !ok || meta.Deleted {
-			return nil, errNoSchemaRevision
+			return nil, meta, missing
 		}
 	} else if meta, ok = e.latest(); !ok {
-		return nil, errNoSchema
+		return nil, meta, errNoSchema
 	}
-	return ss.render(sn.Project, e, meta, req.GetView(), false)
+	return e, meta, nil
 }
 
 func (ss *schemaService) ListSchemas(ctx context.Context, req *pubsubpb.ListSchemasRequest) (*pubsubpb.ListSchemasResponse, error) {
@@ -461,17 +472,9 @@ func (ss *schemaService) ValidateMessage(ctx context.Context, req *pubsubpb.Vali
 		if err != nil {
 			return nil, err
 		}
-		e, ok := ss.s.cat.schema(sn.ID)
-		if !ok {
-			return nil, errNoSchema
-		}
-		var meta schemaRevMeta
-		if sn.Revision != "" {
-			if meta, ok = e.rev(sn.Revision); !ok || meta.Deleted {
-				return nil, errNoRevision
-			}
-		} else if meta, ok = e.latest(); !ok {
-			return nil, errNoSchema
+		e, meta, err := ss.revisionOf(sn, errNoRevision)
+		if err != nil {
+			return nil, err
 		}
 		r, err := ss.revisionDef(e, meta.ID)
 		if err != nil {

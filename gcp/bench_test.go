@@ -21,6 +21,7 @@ package gcp_test
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -44,6 +45,7 @@ import (
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -101,13 +103,19 @@ func benchTopology(b *testing.B, c *pubsub.Client, project string) (topicID, sub
 var kib = []byte(strings.Repeat("x", 1024))
 
 func publishAll(b *testing.B, c *pubsub.Client, topicID string, n int) time.Duration {
+	return publishData(b, c, topicID, n, kib)
+}
+
+// publishData publishes n messages of data through the Go client's
+// publisher at its default settings and waits for every result.
+func publishData(b *testing.B, c *pubsub.Client, topicID string, n int, data []byte) time.Duration {
 	ctx := context.Background()
 	p := c.Publisher(topicID)
 	defer p.Stop()
 	start := time.Now()
 	rs := make([]*pubsub.PublishResult, n)
 	for i := range n {
-		rs[i] = p.Publish(ctx, &pubsub.Message{Data: kib})
+		rs[i] = p.Publish(ctx, &pubsub.Message{Data: data})
 	}
 	for _, r := range rs {
 		if _, err := r.Get(ctx); err != nil {
@@ -155,6 +163,97 @@ func BenchmarkPublish(b *testing.B) {
 				b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(n*b.N), "cpu-us/msg")
 			})
 		}
+	}
+}
+
+// BenchmarkPublishSchema: what validating every message costs on
+// publish. For each schema type and encoding, one proxy gets two topics,
+// one with the schema and one without, each with a subscription nobody
+// consumes, and the same record (about 1 KiB) is published to them in
+// turns (plain, schema, schema, plain; a quarter of n each, after a
+// warm-up of a fifth of n on each), so that both halves of the ratio come
+// from the same process at the same time. n is 50,000 ($BENCH_PUBLISH_N
+// sets another). Memory after the run: the process's RSS and Go heap
+// (client, proxy and KubeMQ together).
+func BenchmarkPublishSchema(b *testing.B) {
+	n := 50_000
+	if v, err := strconv.Atoi(os.Getenv("BENCH_PUBLISH_N")); err == nil && v > 0 {
+		n = v
+	}
+	long := strings.Repeat("x", 1000)
+	avroDef := `{"type":"record","name":"State","fields":[{"name":"name","type":"string"},{"name":"post_abbr","type":"string"}]}`
+	protoDef := "syntax = \"proto3\";\nmessage State {\n  string name = 1;\n  string post_abbr = 2;\n}\n"
+	jsonData := []byte(`{"name":"` + long + `","post_abbr":"AK"}`)
+	avroBin := append(append(binary.AppendVarint(nil, int64(len(long))), long...), 4, 'A', 'K')
+	protoBin := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), long)
+	protoBin = protowire.AppendString(protowire.AppendTag(protoBin, 2, protowire.BytesType), "AK")
+	for _, tc := range []struct {
+		name string
+		typ  pubsubpb.Schema_Type
+		def  string
+		enc  pubsubpb.Encoding
+		data []byte
+	}{
+		// Control: two topics without a schema, to see the noise of a ratio.
+		{"none", 0, "", 0, jsonData},
+		{"avro-json", pubsubpb.Schema_AVRO, avroDef, pubsubpb.Encoding_JSON, jsonData},
+		{"avro-binary", pubsubpb.Schema_AVRO, avroDef, pubsubpb.Encoding_BINARY, avroBin},
+		{"proto-json", pubsubpb.Schema_PROTOCOL_BUFFER, protoDef, pubsubpb.Encoding_JSON, jsonData},
+		{"proto-binary", pubsubpb.Schema_PROTOCOL_BUFFER, protoDef, pubsubpb.Encoding_BINARY, protoBin},
+	} {
+		b.Run(fmt.Sprintf("n=%d/%s", n, tc.name), func(b *testing.B) {
+			e := startEnv(b, withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 200_000 }))
+			c := benchClient(b, e.addr, e.project)
+			ctx := context.Background()
+			var s *pubsubpb.Schema
+			if tc.typ != 0 {
+				var err error
+				s, err = e.schemaClient().CreateSchema(ctx, &pubsubpb.CreateSchemaRequest{Parent: "projects/" + e.project, SchemaId: "bench-" + randSuffix(),
+					Schema: &pubsubpb.Schema{Type: tc.typ, Definition: tc.def}})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			var topics [2]string // plain, with the schema
+			for i := range topics {
+				topics[i] = "bench-" + randSuffix()
+				topic := &pubsubpb.Topic{Name: "projects/" + e.project + "/topics/" + topics[i]}
+				if i == 1 && s != nil {
+					topic.SchemaSettings = &pubsubpb.SchemaSettings{Schema: s.Name, Encoding: tc.enc}
+				}
+				if _, err := c.TopicAdminClient.CreateTopic(ctx, topic); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+					Name: "projects/" + e.project + "/subscriptions/bench-sub-" + randSuffix(), Topic: topic.Name}); err != nil {
+					b.Fatal(err)
+				}
+				publishData(b, c, topics[i], n/5, tc.data)
+			}
+			b.ResetTimer()
+			var d [2]time.Duration
+			var cpu [2]time.Duration
+			stop := profileProxy(b, "proxy")
+			for range b.N {
+				for _, i := range []int{0, 1, 1, 0} {
+					c0 := cpuTime()
+					d[i] += publishData(b, c, topics[i], n/4, tc.data)
+					cpu[i] += cpuTime() - c0
+				}
+			}
+			stop()
+			per := float64(n / 2 * b.N)
+			b.ReportMetric(per/d[0].Seconds(), "plain-msgs/s")
+			b.ReportMetric(per/d[1].Seconds(), "schema-msgs/s")
+			b.ReportMetric(d[0].Seconds()/d[1].Seconds(), "ratio")
+			b.ReportMetric(float64(cpu[0].Microseconds())/per, "plain-cpu-us/msg")
+			b.ReportMetric(float64(cpu[1].Microseconds())/per, "schema-cpu-us/msg")
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			b.ReportMetric(float64(rssBytes())/(1<<20), "RSS-MiB")
+			b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+		})
 	}
 }
 

@@ -63,6 +63,10 @@ type topology interface {
 type topicRecord struct {
 	UID   string          `json:"uid"`
 	Topic json.RawMessage `json:"topic"` // protojson of pubsubpb.Topic
+	// SchemaUID is the incarnation of the schema its schema_settings name
+	// (schemacatalog.go): one deleted and created again under the same id
+	// is not the topic's schema any more, as on Google.
+	SchemaUID string `json:"schema_uid,omitempty"`
 }
 
 // subRecord is the stored form of a subscription.
@@ -79,9 +83,10 @@ type subRecord struct {
 // topicEntry and subEntry are immutable once built: an update replaces the
 // entry, so readers may keep one after the catalog lock is released.
 type topicEntry struct {
-	id    string
-	uid   string
-	proto *pubsubpb.Topic
+	id        string
+	uid       string
+	proto     *pubsubpb.Topic
+	schemaUID string
 }
 
 type subEntry struct {
@@ -104,10 +109,12 @@ type catalog struct {
 	// a subscription is deleted, detached or replaced by a new incarnation.
 	onSubGone func(id, uid string) // uid: the incarnation that is gone
 
-	mu      sync.RWMutex // guards the maps below
-	topics  map[string]*topicEntry
-	subs    map[string]*subEntry
-	byTopic map[string]map[string]*subEntry // topic id -> subscriptions naming it, any incarnation
+	mu        sync.RWMutex // guards the maps below
+	topics    map[string]*topicEntry
+	subs      map[string]*subEntry
+	byTopic   map[string]map[string]*subEntry // topic id -> subscriptions naming it, any incarnation
+	schemas   map[string]*schemaEntry         // schema id -> schema (schemacatalog.go)
+	revisions map[string]*revEntry            // "{schema}@{revision}" -> definition
 }
 
 func newCatalog(log *zap.Logger) *catalog {
@@ -116,6 +123,9 @@ func newCatalog(log *zap.Logger) *catalog {
 		topics:  map[string]*topicEntry{},
 		subs:    map[string]*subEntry{},
 		byTopic: map[string]map[string]*subEntry{},
+
+		schemas:   map[string]*schemaEntry{},
+		revisions: map[string]*revEntry{},
 	}
 }
 
@@ -130,7 +140,7 @@ func (c *catalog) follow(t topology) (cancel func()) {
 		defer c.mu.Unlock()
 		c.applyLocked(kind, r)
 	})
-	for _, kind := range []string{kindTopic, kindSubscription} {
+	for _, kind := range []string{kindTopic, kindSubscription, kindSchema, kindSchemaRevision} {
 		for _, r := range t.list(kind) {
 			c.applyLocked(kind, r)
 		}
@@ -140,6 +150,10 @@ func (c *catalog) follow(t topology) (cancel func()) {
 
 func (c *catalog) applyLocked(kind string, r record) {
 	switch kind {
+	case kindSchema:
+		c.applySchemaLocked(r)
+	case kindSchemaRevision:
+		c.applySchemaRevisionLocked(r)
 	case kindTopic:
 		if r.Deleted {
 			delete(c.topics, r.Key)
@@ -199,7 +213,7 @@ func decodeTopic(key string, raw json.RawMessage) (*topicEntry, error) {
 	if err := protojson.Unmarshal(rec.Topic, t); err != nil {
 		return nil, err
 	}
-	return &topicEntry{id: key, uid: rec.UID, proto: t}, nil
+	return &topicEntry{id: key, uid: rec.UID, proto: t, schemaUID: rec.SchemaUID}, nil
 }
 
 func decodeSub(key string, raw json.RawMessage) (*subEntry, error) {
@@ -228,9 +242,9 @@ func decodeSub(key string, raw json.RawMessage) (*subEntry, error) {
 	return e, nil
 }
 
-func encodeTopic(uid string, t *pubsubpb.Topic) (topicRecord, error) {
+func encodeTopic(uid string, t *pubsubpb.Topic, schemaUID string) (topicRecord, error) {
 	raw, err := protojson.Marshal(t)
-	return topicRecord{UID: uid, Topic: raw}, err
+	return topicRecord{UID: uid, Topic: raw, SchemaUID: schemaUID}, err
 }
 
 func encodeSub(e *subEntry) (subRecord, error) {

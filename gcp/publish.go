@@ -15,10 +15,11 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
-// Publish validates the whole request, then stores every message once in
-// the topic log and once per matching subscription, and answers with the
-// ids (in request order) only when every copy is stored: a returned id
-// means the message is durable in every subscription.
+// Publish validates the whole request (limits, then the topic's schema),
+// then stores every message once in the topic log and once per matching
+// subscription, and answers with the ids (in request order) only when
+// every copy is stored: a returned id means the message is durable in
+// every subscription.
 func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (*pubsubpb.PublishResponse, error) {
 	tn, err := names.ParseTopic(req.GetTopic())
 	if err != nil {
@@ -34,6 +35,17 @@ func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (
 	t, ok := s.cat.topic(tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
+	}
+	if t.proto.GetSchemaSettings() != nil {
+		// Every message is checked before anything is stored; the schema
+		// attributes are added to the request's messages (schematopic.go).
+		ts, err := s.resolveTopicSchema(t, tn.Project)
+		if err != nil {
+			return nil, err
+		}
+		if err := ts.enforce(req.GetMessages()); err != nil {
+			return nil, err
+		}
 	}
 	ids, err := s.publish(ctx, t, req.GetMessages())
 	if err != nil {

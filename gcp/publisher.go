@@ -26,10 +26,12 @@ func newUID() string {
 }
 
 // renderTopic is the topic as the caller sees it: named in the caller's
-// project (ids are global).
-func renderTopic(e *topicEntry, project string) *pubsubpb.Topic {
+// project (ids are global), its schema settings as they stand now
+// (schemacatalog.go).
+func (c *catalog) renderTopic(e *topicEntry, project string) *pubsubpb.Topic {
 	t := cloneTopic(e.proto)
 	t.Name = names.TopicName{Project: project, ID: e.id}.String()
+	c.renderSchemaSettings(e, t, project)
 	return t
 }
 
@@ -49,7 +51,11 @@ func (p *publisher) CreateTopic(ctx context.Context, req *pubsubpb.Topic) (*pubs
 	}
 	t := cloneTopic(req)
 	t.State = pubsubpb.Topic_ACTIVE
-	rec, err := encodeTopic(newUID(), t)
+	var schemaUID string
+	if t.SchemaSettings, schemaUID, err = s.cat.bindSchemaSettings(req.GetSchemaSettings()); err != nil {
+		return nil, err
+	}
+	rec, err := encodeTopic(newUID(), t, schemaUID)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -60,7 +66,7 @@ func (p *publisher) CreateTopic(ctx context.Context, req *pubsubpb.Topic) (*pubs
 	if !ok {
 		return nil, toStatus(errNotApplied)
 	}
-	return renderTopic(e, tn.Project), nil
+	return p.s.cat.renderTopic(e, tn.Project), nil
 }
 
 func (p *publisher) GetTopic(ctx context.Context, req *pubsubpb.GetTopicRequest) (*pubsubpb.Topic, error) {
@@ -72,7 +78,7 @@ func (p *publisher) GetTopic(ctx context.Context, req *pubsubpb.GetTopicRequest)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}
-	return renderTopic(e, tn.Project), nil
+	return p.s.cat.renderTopic(e, tn.Project), nil
 }
 
 // updatableTopicFields are the UpdateTopic mask paths we apply.
@@ -97,7 +103,7 @@ func (p *publisher) UpdateTopic(ctx context.Context, req *pubsubpb.UpdateTopicRe
 		return nil, invalidArgf("The update_mask in the UpdateTopicRequest must be set.")
 	}
 	for _, path := range paths {
-		if !updatableTopicFields[path] {
+		if !updatableTopicFields[path] && schemaSettingsPaths[path] == nil {
 			return nil, invalidArgf("Invalid update_mask provided in the UpdateTopicRequest: the '%s' field is not updatable.", path)
 		}
 	}
@@ -110,14 +116,18 @@ func (p *publisher) UpdateTopic(ctx context.Context, req *pubsubpb.UpdateTopicRe
 	}
 	t := cloneTopic(e.proto)
 	in := req.GetTopic()
+	schemaUID, bindSchema := e.schemaUID, false
 	for _, path := range paths {
+		if path == "schema_settings" || schemaSettingsPaths[path] != nil {
+			mergeSchemaSettings(t, in.GetSchemaSettings(), path)
+			bindSchema = true
+			continue
+		}
 		switch path {
 		case "labels":
 			t.Labels = in.GetLabels()
 		case "message_retention_duration":
 			t.MessageRetentionDuration = in.GetMessageRetentionDuration()
-		case "schema_settings":
-			t.SchemaSettings = in.GetSchemaSettings()
 		case "kms_key_name":
 			t.KmsKeyName = in.GetKmsKeyName()
 		case "message_storage_policy":
@@ -127,7 +137,12 @@ func (p *publisher) UpdateTopic(ctx context.Context, req *pubsubpb.UpdateTopicRe
 	if err := validateTopic(t); err != nil {
 		return nil, err
 	}
-	rec, err := encodeTopic(e.uid, t)
+	if bindSchema {
+		if t.SchemaSettings, schemaUID, err = s.cat.bindSchemaSettings(t.GetSchemaSettings()); err != nil {
+			return nil, err
+		}
+	}
+	rec, err := encodeTopic(e.uid, t, schemaUID)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -137,7 +152,7 @@ func (p *publisher) UpdateTopic(ctx context.Context, req *pubsubpb.UpdateTopicRe
 	if e, ok = s.cat.topic(tn.ID); !ok {
 		return nil, toStatus(errNotApplied)
 	}
-	return renderTopic(e, tn.Project), nil
+	return p.s.cat.renderTopic(e, tn.Project), nil
 }
 
 func (p *publisher) ListTopics(ctx context.Context, req *pubsubpb.ListTopicsRequest) (*pubsubpb.ListTopicsResponse, error) {
@@ -152,7 +167,7 @@ func (p *publisher) ListTopics(ctx context.Context, req *pubsubpb.ListTopicsRequ
 	resp := &pubsubpb.ListTopicsResponse{NextPageToken: next}
 	for _, id := range ids {
 		if e, ok := p.s.cat.topic(id); ok {
-			resp.Topics = append(resp.Topics, renderTopic(e, proj.ID))
+			resp.Topics = append(resp.Topics, p.s.cat.renderTopic(e, proj.ID))
 		}
 	}
 	return resp, nil
@@ -243,12 +258,8 @@ func (p *publisher) DetachSubscription(ctx context.Context, req *pubsubpb.Detach
 	return &pubsubpb.DetachSubscriptionResponse{}, nil
 }
 
-// validateTopic checks the settings a topic may carry. Schemas come in a
-// later issue: a topic that names one is refused rather than silently
-// left unenforced.
+// validateTopic checks the settings a topic may carry; schema settings
+// are checked against the catalog by bindSchemaSettings.
 func validateTopic(t *pubsubpb.Topic) error {
-	if ss := t.GetSchemaSettings(); ss != nil && ss.GetSchema() != "" {
-		return unimplementedf("Schemas are not supported by kubemq-proxy yet; create the topic without schema_settings.")
-	}
 	return limits.Topic(t)
 }

@@ -1,9 +1,10 @@
 // Package gcp is the Google Cloud Pub/Sub v1 gRPC front-end (emulator mode:
 // plaintext, no auth). It owns the Publisher, Subscriber, IAMPolicy and
-// SchemaService handlers, the in-memory view of the topology (topics and
-// subscriptions, kept as registry records), the publish path (topic log plus
-// one filtered queue copy per subscription) and the mapping of every error to
-// a gRPC status.
+// SchemaService handlers, the in-memory view of the topology (topics,
+// subscriptions and schemas, kept as registry records), the publish path
+// (schema validation, topic log plus one filtered queue copy per
+// subscription) and the mapping of every error to a gRPC status. Schema
+// definitions and message validation are the schema subpackage's.
 //
 // Resource ids are global: the project segment of a name is validated, then
 // ignored, and names are rendered back in the caller's project.
@@ -243,7 +244,7 @@ func newServer(c core) (*Server, error) {
 	)
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
-	pubsubpb.RegisterSchemaServiceServer(s.grpc, pubsubpb.UnimplementedSchemaServiceServer{})
+	pubsubpb.RegisterSchemaServiceServer(s.grpc, &schemaService{s: s})
 	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{})
 	return s, nil
 }

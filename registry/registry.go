@@ -386,8 +386,14 @@ func (r *Registry) snapshotLoop() {
 	}
 }
 
-// snapshotChunk bounds one snapshot event's size in records.
-const snapshotChunk = 500
+// snapshotChunk and snapshotChunkBytes bound one snapshot event: at most
+// 500 records and, unless a single record is larger, about 4 MiB of them
+// (KubeMQ refuses a message over 100 MiB, and records such as schema
+// definitions can be hundreds of KiB each).
+const (
+	snapshotChunk      = 500
+	snapshotChunkBytes = 4 << 20
+)
 
 // Snapshot rewrites every live record (and recent tombstones) with its
 // original version, so the log always holds the whole topology within
@@ -412,7 +418,14 @@ func (r *Registry) Snapshot(ctx context.Context) error {
 	r.mu.Unlock()
 	id := randomID()
 	for len(recs) > 0 {
-		n := min(len(recs), snapshotChunk)
+		n, size := 0, 0
+		for n < len(recs) && n < snapshotChunk {
+			size += len(recs[n].Kind) + len(recs[n].Key) + len(recs[n].Value) + len(recs[n].Writer) + 64
+			if n > 0 && size > snapshotChunkBytes {
+				break
+			}
+			n++
+		}
 		if err := r.publish(ctx, event{Records: recs[:n], Snapshot: id}); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,6 +156,39 @@ func TestRestartReplaysEverything(t *testing.T) {
 	}
 	if v, ok := value(t, b, "exchange", "x"); !ok || v != "direct" {
 		t.Fatalf("exchange x = %q %v", v, ok)
+	}
+}
+
+// TestSnapshotOfLargeRecords: a snapshot is cut into events small enough
+// for KubeMQ however large the records (here 1 MiB each, 20 MiB in all,
+// through a client that sends at most 8 MiB at once).
+func TestSnapshotOfLargeRecords(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	ctx := context.Background()
+	dialSmall := func() *kubemqclient.Client {
+		c, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: addr, Logger: zaptest.NewLogger(t), MaxMessageBytes: 8 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a := open(t, dialSmall(), ch)
+	big := strings.Repeat("x", 1<<20)
+	for i := range 20 {
+		if err := a.Put(ctx, "schema", fmt.Sprint(i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Snapshot(ctx); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	a.Close()
+	b := open(t, dialSmall(), ch)
+	defer b.Close()
+	if got := b.List("schema"); len(got) != 20 {
+		t.Fatalf("replayed %d records, want 20", len(got))
 	}
 }
 

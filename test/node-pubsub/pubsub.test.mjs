@@ -3,7 +3,7 @@
 // and the project; TEST_SUFFIX keeps ids apart on a shared KubeMQ.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { PubSub } from '@google-cloud/pubsub';
+import { PubSub, Schema, SchemaTypes, SchemaViews, Encodings } from '@google-cloud/pubsub';
 
 const projectId = process.env.PUBSUB_PROJECT_ID || 'node-test';
 const suffix = process.env.TEST_SUFFIX || String(Date.now());
@@ -148,4 +148,85 @@ test('seek to a time: back to messages already acked, and purge', async () => {
   const after = await topic.publishMessage({ data: Buffer.from('last') });
   const got = await receive(sub, 1);
   assert.equal(got[0].id, after);
+});
+
+const avroState = JSON.stringify({
+  type: 'record', name: 'State', namespace: 'utilities',
+  fields: [{ name: 'name', type: 'string' }, { name: 'post_abbr', type: 'string' }],
+});
+const avroStateV2 = JSON.stringify({
+  type: 'record', name: 'State', namespace: 'utilities',
+  fields: [{ name: 'name', type: 'string' }, { name: 'post_abbr', type: 'string' },
+    { name: 'capital', type: ['null', 'string'], default: null }],
+});
+
+test('schemas: create, get, list, validate, revisions, delete', async () => {
+  const id = `node-schema-${suffix}`;
+  const schema = await pubsub.createSchema(id, SchemaTypes.Avro, avroState);
+  const full = await schema.get();
+  assert.equal(full.name, await schema.getName());
+  assert.equal(full.type, 'AVRO');
+  assert.equal(full.definition, avroState);
+  assert.match(full.revisionId, /^[0-9a-f]{8}$/);
+  const basic = await schema.get(SchemaViews.Basic);
+  assert.equal(basic.definition, '');
+  await assert.rejects(pubsub.createSchema(id, SchemaTypes.Avro, avroState), (err) => err.code === 6);
+  await assert.rejects(pubsub.createSchema(`node-bad-${suffix}`, SchemaTypes.Avro, '{"type":"record"}'),
+    (err) => err.code === 3 && /Could not parse schema definition/.test(err.details));
+
+  const names = [];
+  for await (const s of pubsub.listSchemas(SchemaViews.Basic)) {
+    names.push(s.name);
+  }
+  assert.ok(names.includes(full.name), `${names} lacks ${full.name}`);
+
+  await pubsub.validateSchema({ type: SchemaTypes.Avro, definition: avroState });
+  await assert.rejects(pubsub.validateSchema({ type: SchemaTypes.Avro, definition: 'nope' }), (err) => err.code === 3);
+  // A string message would be read as base64 (a bytes field): pass a Buffer.
+  await schema.validateMessage(Buffer.from(JSON.stringify({ name: 'Alaska', post_abbr: 'AK' })), Encodings.Json);
+  await assert.rejects(schema.validateMessage(Buffer.from(JSON.stringify({ name: 'Alaska' })), Encodings.Json),
+    (err) => err.code === 3 && /Could not parse JSON Avro message/.test(err.details));
+
+  // Revisions through the generated client.
+  const client = await pubsub.getSchemaClient();
+  const [v2] = await client.commitSchema({ name: full.name, schema: { type: 'AVRO', definition: avroStateV2 } });
+  assert.notEqual(v2.revisionId, full.revisionId);
+  const [back] = await client.rollbackSchema({ name: full.name, revisionId: full.revisionId });
+  assert.equal(back.definition, avroState);
+  const [revs] = await client.listSchemaRevisions({ name: full.name });
+  assert.deepEqual(revs.map((r) => r.revisionId), [back.revisionId, v2.revisionId, full.revisionId]);
+  const [deleted] = await client.deleteSchemaRevision({ name: `${full.name}@${v2.revisionId}` });
+  assert.equal(deleted.revisionId, v2.revisionId);
+  await assert.rejects(client.getSchema({ name: `${full.name}@${v2.revisionId}` }), (err) => err.code === 5);
+
+  await schema.delete();
+  await assert.rejects(schema.get(), (err) => err.code === 5);
+});
+
+test('schemas: a topic refuses non-conforming data; messages carry the schema attributes', async () => {
+  const id = `node-topic-schema-${suffix}`;
+  const schema = await pubsub.createSchema(id, SchemaTypes.Avro, avroState);
+  const schemaName = await schema.getName();
+  const [topic] = await pubsub.createTopic({
+    name: `node-schema-topic-${suffix}`,
+    schemaSettings: { schema: schemaName, encoding: Encodings.Json },
+  });
+  const [meta] = await topic.getMetadata();
+  assert.equal(meta.schemaSettings.schema, schemaName);
+  assert.equal(meta.schemaSettings.encoding, 'JSON');
+  const [sub] = await topic.createSubscription(`node-schema-sub-${suffix}`);
+  await assert.rejects(topic.publishMessage({ data: Buffer.from('{"name":"Alaska"}') }), (err) => {
+    return err.code === 3 && /Message failed schema validation/.test(err.message);
+  });
+  const good = await topic.publishMessage({ json: { name: 'Alaska', post_abbr: 'AK' } });
+  const [got] = await receive(sub, 1);
+  assert.equal(got.id, good);
+  const sm = Schema.metadataFromMessage(got.attributes);
+  const full = await schema.get();
+  assert.deepEqual(sm, { name: schemaName, revision: full.revisionId, encoding: 'JSON' });
+
+  await schema.delete();
+  const [after] = await topic.getMetadata();
+  assert.equal(after.schemaSettings.schema, '_deleted-schema_');
+  await assert.rejects(topic.publishMessage({ json: { name: 'Alaska', post_abbr: 'AK' } }), (err) => err.code === 5);
 });

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -269,6 +270,101 @@ func BenchmarkTopicFanout(b *testing.B) {
 	}
 }
 
+// BenchmarkCelery: a Celery 5 worker (Debian's python3-celery; acks_late,
+// prefetch multiplier 1, solo pool) runs b.N tasks sent before it starts,
+// without a result backend and with rpc:// results (the client then waits
+// for each result through the broker), and without a result backend with
+// kombu's event-loop sleep patched out (celery_roundtrip.py --patch-kombu:
+// the unpatched worker sleeps up to its next 2 s timer on some tasks, more
+// often the faster the broker answers an ack; the proxy's post-delivery
+// heartbeat wakes it). tasks/s is the steady state, from
+// the first task run to the last; run-s is the whole run with the worker's
+// start-up. Memory after the run: the proxy's Go heap in use and this
+// process's RSS (proxy, embedded KubeMQ and the test together), RabbitMQ's
+// node RSS. One short run is enough:
+//
+//	go test -run '^$' -bench Celery -benchtime 400x ./amqp091/
+func BenchmarkCelery(b *testing.B) {
+	py := pythonWithCelery(b)
+	for _, mode := range []string{"no-backend", "rpc", "patched-kombu"} {
+		for _, tg := range benchTargets(b) {
+			b.Run(tg.name+"/"+mode, func(b *testing.B) {
+				args := []string{"celery_roundtrip.py", "-n", strconv.Itoa(b.N), "-t", "600"}
+				switch mode {
+				case "rpc":
+					args = append(args, "--rpc")
+				case "patched-kombu":
+					args = append(args, "--patch-kombu")
+				}
+				cmd := exec.Command(py, append(args, tg.url)...)
+				dir, err := filepath.Abs(filepath.Join("..", "test", "amqp-clients"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				cmd.Dir = dir
+				b.ResetTimer()
+				out, err := cmd.CombinedOutput()
+				b.StopTimer()
+				var n int
+				var total, first, last float64
+				for _, line := range strings.Split(string(out), "\n") {
+					if _, perr := fmt.Sscanf(line, "OK tasks=%d total=%g first=%g last=%g", &n, &total, &first, &last); perr == nil {
+						break
+					}
+				}
+				if err != nil || n == 0 {
+					b.Fatalf("%v\n%s", err, out)
+				}
+				if last > first {
+					b.ReportMetric(float64(n-1)/(last-first), "tasks/s")
+				}
+				b.ReportMetric(total, "run-s")
+				if tg.name == "proxy" {
+					var ms runtime.MemStats
+					runtime.ReadMemStats(&ms)
+					b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+					b.ReportMetric(rssMiB(os.Getpid()), "rss-MiB")
+				} else if rabbitPID != 0 {
+					b.ReportMetric(groupRSSMiB(rabbitPID), "rss-MiB")
+				}
+			})
+		}
+	}
+}
+
+// groupRSSMiB is the largest RSS among the processes of process group pgid
+// (RabbitMQ's node runs under the script the test starts as a group).
+func groupRSSMiB(pgid int) float64 {
+	ents, _ := os.ReadDir("/proc")
+	best := 0.0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err == nil && g == pgid {
+			best = max(best, rssMiB(pid))
+		}
+	}
+	return best
+}
+
+// rssMiB reads a process's resident set size from /proc (0 when unknown).
+func rssMiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb float64
+			fmt.Sscanf(strings.TrimSpace(rest), "%g", &kb)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 // --- RabbitMQ for comparison ---
 
 var (
@@ -278,6 +374,7 @@ var (
 	rabbitStop func()
 	rabbitEnvs []string // environment of the node, for rabbitmqctl
 	rabbitNode string
+	rabbitPID  int // the node's process (the script execs the Erlang VM)
 )
 
 // rabbitctl runs rabbitmqctl against the test node.
@@ -369,6 +466,7 @@ func startRabbit() (string, error) {
 		epmd.Wait()
 		return "", err
 	}
+	rabbitPID = cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	rabbitStop = func() {

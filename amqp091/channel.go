@@ -3,6 +3,7 @@ package amqp091
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -60,6 +61,11 @@ type channel struct {
 	stopped        bool     // no more deliveries (closing)
 
 	confirms confirmTracker
+
+	// Publishes handed to the publisher and not yet stored or refused;
+	// flushed (cap 1) is signalled when they reach 0.
+	inflight atomic.Int64
+	flushed  chan struct{}
 }
 
 // unacked is one delivery the client has not settled yet.
@@ -75,7 +81,7 @@ type unacked struct {
 func newChannel(c *conn, id uint16) *channel {
 	ch := &channel{
 		c: c, id: id, log: c.log.With(zap.Uint16("channel", id)),
-		cmds: make(chan command, channelQueue), done: make(chan struct{}), wake: make(chan struct{}, 1),
+		cmds: make(chan command, channelQueue), done: make(chan struct{}), wake: make(chan struct{}, 1), flushed: make(chan struct{}, 1),
 		consumers: map[string]*consumer{}, handles: map[*queue]*delivery.Handle{}, unacked: map[uint64]*unacked{},
 	}
 	ch.confirms.ch = ch
@@ -244,8 +250,9 @@ func (ch *channel) dispatch(cmd command) error {
 }
 
 // shutdown stops everything the channel does for the client: consumers
-// end, unsettled deliveries go back to their queues, the lease handles
-// close and pending confirms are dropped. It is idempotent.
+// end, unsettled deliveries (those settled in an open transaction too) go
+// back to their queues in place, the lease handles close and pending
+// confirms are dropped. It is idempotent.
 func (ch *channel) shutdown() {
 	for tag, cs := range ch.consumers {
 		ch.stopConsumer(cs)
@@ -253,94 +260,58 @@ func (ch *channel) shutdown() {
 	}
 	ch.dmu.Lock()
 	ch.stopped = true
+	back := make([]*unacked, 0, len(ch.unacked))
+	for _, t := range ch.order {
+		if u := ch.unacked[t]; u != nil {
+			back = append(back, u)
+		}
+	}
 	ch.unacked = map[uint64]*unacked{}
 	ch.order = nil
 	ch.dmu.Unlock()
-	var released, all []*delivery.Handle
-	for q, h := range ch.handles {
-		if h.ReleaseAll() > 0 {
-			released = append(released, h)
+	if ch.tx != nil {
+		back = append(back, ch.tx.settles...) // rolled back
+	}
+	if len(back) > 0 {
+		// RabbitMQ has requeued them when channel.close-ok goes out; the
+		// lease engine puts them back at once, at their places.
+		rq := make([]bool, len(back))
+		for i := range rq {
+			rq[i] = true
 		}
-		all = append(all, h)
-		delete(ch.handles, q)
+		ch.settle(back, rq)
 	}
-	// RabbitMQ has requeued them when channel.close-ok goes out: a get or
-	// a declare right after must see them. The lease engine stores the
-	// fresh copies asynchronously, so wait (briefly) until it has.
-	for _, h := range all {
-		flushBuffered(h)
-		ch.c.srv.flushLater(h.Consumer())
-	}
-	for _, h := range released {
-		waitRequeued(h, requeueWait)
-	}
-	for _, h := range all {
+	for q, h := range ch.handles {
 		h.Close()
+		delete(ch.handles, q)
 	}
 	ch.confirms.close()
 	ch.tx = nil
 }
 
-// requeueWait bounds how long a closing channel waits for the deliveries
-// it gave back to be in their queues again.
-const requeueWait = 3 * time.Second
-
-// waitRequeued waits until h's queue has no lease waiting to be requeued
-// (or d has passed). The engine offers no signal for it, so it looks at its
-// gauges: leases neither out nor buffered are being requeued.
-func waitRequeued(h *delivery.Handle, d time.Duration) {
-	deadline := time.Now().Add(d)
-	for {
-		st := h.Consumer().Stats()
-		if st.Leases-st.Out-st.Buffered <= 0 || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// flushBuffered gives the lease engine's buffered deliveries of h's queue
-// back to KubeMQ when nobody in this process holds or awaits that queue's
-// messages any more. They were never delivered (a consumer read ahead, or
-// stopped while a fetch was being served), so the copies keep their
-// attempt: not redelivered. Left in the engine's buffer they would be
-// invisible to message counts and to other replicas until the engine's
-// linger ended.
-func flushBuffered(h *delivery.Handle) {
-	c := h.Consumer()
-	if releaseIdleBuffer(c) {
-		waitRequeued(h, requeueWait)
-	}
-}
-
-// releaseIdleBuffer requeues c's buffered leases if nobody holds or awaits
-// any of its leases; it reports whether it did.
-func releaseIdleBuffer(c *delivery.Consumer) bool {
-	st := c.Stats()
-	if st.Buffered > 0 && st.Out == 0 && st.Waiters == 0 {
-		c.ReleaseAll()
-		return true
-	}
-	return false
-}
-
-// flushLater looks at c again once the lease engine's poll loop has
-// finished the fetch it may still have had in flight when its last waiter
-// left (a Get returns within about a second): what that fetch brought in
-// would otherwise wait in the buffer, unseen by other replicas and by
-// message counts, until the engine closes the idle consumer.
-func (s *Server) flushLater(c *delivery.Consumer) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTimer(2 * time.Second)
-		defer t.Stop()
+// publishDone records that one of the channel's publishes is stored (or
+// refused); any goroutine.
+func (ch *channel) publishDone() {
+	if ch.inflight.Add(-1) == 0 {
 		select {
-		case <-t.C:
-			releaseIdleBuffer(c)
-		case <-s.ctx.Done():
+		case ch.flushed <- struct{}{}:
+		default:
 		}
-	}()
+	}
+}
+
+// awaitPublishes waits until every publish the channel received before is
+// stored in KubeMQ (or refused): RabbitMQ orders a channel's methods, so a
+// get, a declare's count or a purge after a publish sees its message.
+func (ch *channel) awaitPublishes() error {
+	for ch.inflight.Load() > 0 {
+		select {
+		case <-ch.flushed:
+		case <-ch.c.ctx.Done():
+			return errShutdown()
+		}
+	}
+	return nil
 }
 
 // handle returns the channel's lease handle on q, acquiring it once.
@@ -348,6 +319,7 @@ func (ch *channel) handleFor(q *queue) (*delivery.Handle, error) {
 	if h := ch.handles[q]; h != nil {
 		return h, nil
 	}
+	q.markUsed()
 	h, err := ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
 	// Another replica holds the queue: wait for its hold to lapse (a replica that died, or
 	// this one's previous process) rather than fail the channel at once.

@@ -52,6 +52,7 @@ type conn struct {
 	cancelNotify bool // client understands server-sent basic.cancel
 	blockNotify  bool // client understands connection.blocked/unblocked
 	clientName   string
+	refuse       *wire.Error // KubeMQ was unreachable at connection.open: close with it
 	w            *writer
 	opened       atomic.Bool // set once the handshake is done and w exists
 	since        time.Time   // when the handshake finished (set before opened)
@@ -72,10 +73,13 @@ type conn struct {
 	pending atomic.Int64
 	drained chan struct{} // cap 1
 
-	closeMu   sync.Mutex // guards closing, reason, closeSent
+	closeMu   sync.Mutex // guards closing, reason, closeSent, handshook
 	closing   bool
 	closeSent bool
 	reason    string
+	// handshook: the peer closed the connection and was sent close-ok, so
+	// it is about to close its end.
+	handshook bool
 
 	chWG sync.WaitGroup // channel goroutines
 
@@ -145,6 +149,9 @@ func (c *conn) serve() {
 	defer c.srv.m.connections.Dec()
 	c.log.Info("connection open", zap.String("user", c.user), zap.String("vhost", c.vhostName),
 		zap.String("client", c.clientName), zap.Duration("heartbeat", c.heartbeat))
+	if c.refuse != nil {
+		c.refuseLater()
+	}
 	c.readLoop()
 }
 
@@ -189,6 +196,7 @@ func (c *conn) serverProperties() wire.Table {
 		"consumer_cancel_notify":       true,
 		"authentication_failure_close": true,
 		"per_consumer_qos":             true,
+		"consumer_priorities":          true,
 	}
 	if o.MaxPendingPublishBytes > 0 {
 		caps["connection.blocked"] = true
@@ -200,9 +208,9 @@ func (c *conn) serverProperties() wire.Table {
 		"cluster_name": o.ClusterName,
 		"copyright":    "kubemq-proxy contributors",
 		"information":  "kubemq-proxy: AMQP 0-9-1 front-end storing every message in KubeMQ",
-		// Only what the proxy honours: no consumer priorities, no direct
-		// reply-to, and connection.blocked only while a pending publish
-		// bound can make it block.
+		// Only what the proxy honours: no direct reply-to, and
+		// connection.blocked only while a pending publish bound can make it
+		// block.
 		"capabilities": caps,
 	}
 }
@@ -256,10 +264,6 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 		// as the token (see Options.PasswordAsToken).
 		c.ctx = kubemqclient.WithToken(c.ctx, l.password)
 	}
-	if err := c.srv.ready(); err != nil {
-		c.log.Warn("refusing connection: KubeMQ unavailable", zap.Error(err))
-		return errBackendDown(err.Error())
-	}
 	if err := write(&wire.ConnectionTune{ChannelMax: uint16(o.ChannelMax), FrameMax: uint32(o.FrameMax),
 		Heartbeat: uint16(o.Heartbeat / time.Second)}); err != nil {
 		return err
@@ -285,6 +289,17 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 	}
 	if !c.srv.vhostAllowed(op.VirtualHost) {
 		return wire.NotAllowed("vhost %s not found", op.VirtualHost)
+	}
+	// KubeMQ unreachable: the connection opens and is then closed with 320
+	// CONNECTION_FORCED at the client's first method (see refuseLater).
+	// Every client reports that close as 320, while a close before tune
+	// reads as a failed login (amqp091-go's 403, pika's
+	// ProbableAuthenticationError) and one instead of open-ok as a vhost
+	// refusal (streadway's 403, pika's ProbableAccessDeniedError, amqplib's
+	// "Expected ConnectionOpenOk"): reconnect loops give up on those.
+	if err := c.srv.ready(); err != nil {
+		c.log.Warn("refusing connection: KubeMQ unavailable", zap.Error(err))
+		c.refuse = errBackendDown(err.Error())
 	}
 	c.vhostName = op.VirtualHost
 	c.vh = c.srv.top.vhost(vhostKey(op.VirtualHost))
@@ -430,9 +445,32 @@ func (c *conn) closingFrame(f wire.Frame) bool {
 		return true
 	case *wire.ConnectionClose:
 		c.w.method(0, &wire.ConnectionCloseOk{})
+		c.setHandshook()
 		return true
 	}
 	return false
+}
+
+func (c *conn) setHandshook() {
+	c.closeMu.Lock()
+	c.handshook = true
+	c.closeMu.Unlock()
+}
+
+// refuseGrace is how long a connection refused at connection.open (KubeMQ
+// unreachable) stays open waiting for the client's first method.
+const refuseGrace = 5 * time.Second
+
+// refuseLater closes a refused connection after refuseGrace if the client
+// sends nothing meanwhile: the client has had time to register for the
+// close (amqp091-go and streadway drop the reason of a close that came
+// before NotifyClose), and its first method is answered with the close.
+func (c *conn) refuseLater() {
+	t := time.AfterFunc(refuseGrace, func() { c.fail(c.refuse) })
+	go func() {
+		<-c.ctx.Done()
+		t.Stop()
+	}()
 }
 
 func (c *conn) handleFrame(f wire.Frame) error {
@@ -447,11 +485,17 @@ func (c *conn) handleFrame(f wire.Frame) error {
 		if err != nil {
 			return err
 		}
+		if c.refuse != nil && (f.Channel != 0 || m.ClassID() != wire.ClassConnection) {
+			return c.refuse // a client closing its refused connection is answered as usual
+		}
 		if f.Channel == 0 {
 			return c.handleConnectionMethod(m)
 		}
 		return c.handleChannelMethod(f.Channel, m)
 	case wire.FrameHeader:
+		if c.refuse != nil {
+			return c.refuse
+		}
 		return c.handleHeader(f)
 	case wire.FrameBody:
 		return c.handleBody(f)
@@ -473,6 +517,7 @@ func (c *conn) handleConnectionMethod(m wire.Method) error {
 		c.cancel()
 		waitTimeout(&c.chWG, channelStopTimeout)
 		c.w.method(0, &wire.ConnectionCloseOk{})
+		c.setHandshook()
 		return errDone
 	case *wire.ConnectionCloseOk:
 		return errDone
@@ -498,8 +543,10 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 	if s == nil {
 		switch m.(type) {
 		case *wire.ChannelOpen:
-			if id > c.channelMax {
-				return wire.ChannelError("channel %d exceeds the negotiated channel_max (%d)", id, c.channelMax).OnMethod(m.ClassID(), m.MethodID())
+			// RabbitMQ 3.10 limits how many channels are open, not their
+			// numbers (a number above channel_max is accepted).
+			if c.channelMax > 0 && len(c.channels) >= int(c.channelMax) {
+				return wire.NotAllowed("number of channels opened (%d) has reached the negotiated channel_max (%d)", len(c.channels), c.channelMax)
 			}
 			c.openChannel(id)
 			return nil
@@ -719,6 +766,12 @@ func (c *conn) teardown() {
 	if c.w != nil {
 		c.w.finish(closeOkTimeout)
 	}
+	c.closeMu.Lock()
+	handshook := c.handshook
+	c.closeMu.Unlock()
+	if handshook {
+		c.lingerClose()
+	}
 	c.nc.Close()
 	c.closeMu.Lock()
 	reason := c.reason
@@ -729,6 +782,25 @@ func (c *conn) teardown() {
 		c.log.Debug("connection closed before it opened", zap.String("reason", reason))
 	}
 	c.srv.forget(c)
+}
+
+// lingerClose lets the peer close first after it closed the connection
+// and was sent close-ok, as RabbitMQ does: it reads and discards what the
+// peer still sends (frames written before it saw close-ok: publishes a
+// client's writer queued behind its connection.close, the connection.close
+// of a concurrent Close call) until the peer closes or closeOkTimeout
+// passes. Closing a socket with unread data in it makes the kernel reset
+// the connection, and the peer then loses the close-ok it had not read;
+// ending our side first (a FIN) makes clients fail the close calls still
+// waiting instead of ending them as closed.
+func (c *conn) lingerClose() {
+	c.nc.SetReadDeadline(time.Now().Add(closeOkTimeout))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.nc.Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 // waitTimeout waits for wg at most d; it reports whether wg finished.

@@ -1,9 +1,12 @@
 package amqp091
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,45 +16,44 @@ import (
 )
 
 const (
-	// fetchBatch caps one lease fetch for a consumer without a prefetch
-	// limit (or in no-ack mode).
+	// fetchBatch caps the credit of a consumer without a prefetch limit
+	// (or in no-ack mode), and so one lease fetch for it.
 	fetchBatch = 256
-	// getWait bounds basic.get's wait for a message KubeMQ reported as
-	// waiting; after it the answer is get-empty.
-	getWait = 3 * time.Second
-	// uncountedGetWait bounds basic.get on a queue KubeMQ cannot count
-	// (kubemqclient.Ambiguous): one Get of the poll loop, which waits a
-	// second on an empty queue.
-	uncountedGetWait = 1500 * time.Millisecond
+	// maxFetch caps one fetch of a queue's dispatcher for all its consumers.
+	maxFetch = 1024
+	// getWait bounds basic.get's wait for the lease engine to find a
+	// message or the queue empty; after it the answer is get-empty.
+	getWait = 5 * time.Second
 	// replyToQueue is RabbitMQ's direct reply-to pseudo queue.
 	replyToQueue = "amq.rabbitmq.reply-to"
-	// readAhead is how many leases a consumer with a small prefetch window
-	// fetches at once while it is its queue's only consumer here: the extra
-	// ones wait in pending (still queued as far as the client can tell) so
-	// a prefetch-1 consumer does not pay a lease-engine round trip per
-	// message. They go back to the front of the queue, uncounted, when
-	// another consumer appears or this one stops.
-	readAhead = 32
+	// readAhead is how many messages the lease engine may take from KubeMQ
+	// at once for a queue's consumers when they want fewer (a prefetch-1
+	// consumer would otherwise pay a KubeMQ round trip per message). The
+	// extra ones wait in the engine's ready buffer, which every consumer and
+	// basic.get of the queue shares and message counts include, so reading
+	// ahead changes nothing a client can observe.
+	readAhead = 64
 )
 
-// consumer is one basic.consume. Its goroutine fetches leases from the
-// queue within the prefetch credit and delivers them.
+// consumer is one basic.consume. Its queue's dispatcher delivers to it
+// within its credit.
 type consumer struct {
 	ch        *channel
 	tag       string
 	q         *queue
-	h         *delivery.Handle
+	d         *dispatcher      // the queue's dispatcher it is registered with
+	h         *delivery.Handle // the channel's handle on q, for settlements
 	noAck     bool
 	exclusive bool
+	priority  int64  // x-priority: higher first; RabbitMQ's default is 0
 	prefetch  uint16 // per-consumer limit; 0 = none
-	ctx       context.Context
-	cancel    context.CancelFunc
-	done      chan struct{}
-	kick      chan struct{} // cap 1: credit may have been freed
 
 	// Guarded by ch.dmu.
 	outstanding int
-	pending     []*delivery.Delivery // fetched beyond the channel-wide limit, not yet delivered
+	stopped     bool
+
+	// Owned by the dispatcher's goroutine.
+	served uint64 // the dispatcher's count when it last delivered to it
 }
 
 func (ch *channel) consume(m *wire.BasicConsume) error {
@@ -68,6 +70,10 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	if err != nil {
 		return err
 	}
+	prio, err := consumerPriority(m.Arguments, q.name, c.vhostName)
+	if err != nil {
+		return err
+	}
 	h, err := ch.handleFor(q)
 	if err != nil {
 		return err
@@ -76,8 +82,8 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	if tag == "" {
 		tag = genName("amq.ctag")
 	}
-	cs := &consumer{ch: ch, tag: tag, q: q, h: h, noAck: m.NoAck, exclusive: m.Exclusive, prefetch: ch.consumerPrefetch,
-		done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	cs := &consumer{ch: ch, tag: tag, q: q, h: h, noAck: m.NoAck, exclusive: m.Exclusive, priority: prio,
+		prefetch: ch.consumerPrefetch}
 	vh := q.vh
 	vh.mu.Lock()
 	if q.deleted {
@@ -88,30 +94,39 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 		vh.mu.Unlock()
 		return wire.AccessRefused("%s in exclusive use", rsQueue(q.name, c.vhostName))
 	}
-	others := make([]*consumer, 0, len(q.consumers))
-	for o := range q.consumers {
-		others = append(others, o)
-	}
 	q.consumers[cs] = struct{}{}
 	q.hadConsumer = true
 	if m.Exclusive {
 		q.exclusiveConsumer = true
 	}
-	vh.mu.Unlock()
-	// A consumer reading ahead gives its held deliveries back now that it
-	// has company.
-	for _, o := range others {
-		o.wake()
+	if q.disp == nil {
+		q.disp = newDispatcher(c.srv, q)
 	}
+	cs.d = q.disp
+	vh.mu.Unlock()
 	ch.consumers[tag] = cs
 	if !m.NoWait {
 		ch.send(&wire.BasicConsumeOk{ConsumerTag: tag})
 	}
-	cs.ctx, cs.cancel = context.WithCancel(c.ctx)
 	c.srv.m.consumers.Inc()
 	c.nConsumers.Add(1)
-	go cs.run()
+	// Registered after consume-ok is queued: its first delivery follows it.
+	cs.d.add(cs)
 	return nil
+}
+
+// consumerPriority reads basic.consume's x-priority as RabbitMQ 3.10 does:
+// an integer of any width, anything else refused with 406.
+func consumerPriority(args wire.Table, queue, vhost string) (int64, error) {
+	v, ok := args["x-priority"]
+	if !ok {
+		return 0, nil
+	}
+	n, isInt := intArg(v)
+	if !isInt {
+		return 0, wire.PreconditionFailed("invalid arg 'x-priority' for %s: \"expected integer, got %s\"", rsQueue(queue, vhost), wire.ErlangType(v))
+	}
+	return n, nil
 }
 
 func (ch *channel) cancel(m *wire.BasicCancel) error {
@@ -139,25 +154,25 @@ func (ch *channel) cancelByServer(cs *consumer, why string) {
 	}
 }
 
-// stopConsumer ends cs's goroutine and gives back what it fetched but never
-// delivered. Its unacknowledged deliveries stay with the channel, as in
-// RabbitMQ. An auto-delete queue that lost its last consumer is deleted.
+// stopConsumer ends cs: no delivery reaches it once this returns. Its
+// unacknowledged deliveries stay with the channel, as in RabbitMQ. An
+// auto-delete queue that lost its last consumer is deleted.
 func (ch *channel) stopConsumer(cs *consumer) {
-	cs.cancel()
-	<-cs.done
+	ch.dmu.Lock()
+	cs.stopped = true
+	ch.dmu.Unlock()
 	ch.c.srv.m.consumers.Dec()
 	ch.c.nConsumers.Add(-1)
-	ch.dmu.Lock()
-	pending := cs.pending
-	cs.pending = nil
-	ch.dmu.Unlock()
-	cs.giveBack(pending)
-	flushBuffered(cs.h)
 	q := cs.q
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)
 	if cs.exclusive {
 		q.exclusiveConsumer = false
+	}
+	cs.d.remove(cs)
+	if q.disp == cs.d && len(q.consumers) == 0 {
+		q.disp = nil
+		cs.d.stop()
 	}
 	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
 	q.vh.mu.Unlock()
@@ -166,87 +181,173 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	}
 }
 
-func (cs *consumer) run() {
-	defer close(cs.done)
-	for {
-		n := cs.waitCredit()
-		if n == 0 {
-			return
-		}
-		if cs.deliverPending(n) {
-			continue
-		}
-		want := n
-		if cs.mayReadAhead() {
-			want = max(n, readAhead)
-		}
-		ds, err := cs.h.Fetch(cs.ctx, want)
-		if err != nil {
-			if cs.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
-				cs.giveBack(ds)
-				return
-			}
-			cs.ch.log.Warn("consumer fetch failed", zap.String("queue", cs.q.name), zap.Error(err))
-			cs.ch.c.fail(backendError(err))
-			return
-		}
-		cs.deliver(ds)
-	}
+// dispatcher delivers one queue's messages to its consumers in this
+// process as RabbitMQ's queue process does: each message goes to a
+// consumer with credit of the highest priority present, round-robin among
+// consumers of that priority. It fetches for all of them at once through
+// a lease handle of its own (reading ahead, see readAhead); what no
+// consumer can take goes back to the head of the queue, uncounted.
+type dispatcher struct {
+	srv    *Server
+	q      *queue
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	kick   chan struct{} // cap 1: credit may have been freed
+
+	mu        sync.Mutex
+	consumers []*consumer // registered and not removed; the goroutine reads a copy
+
+	list  atomic.Pointer[[]*consumer]
+	count uint64 // deliveries made (the goroutine's)
 }
 
-// giveBack returns deliveries the client never saw to the front of the
-// queue; the attempt does not count, so they are not "redelivered".
-func (cs *consumer) giveBack(ds []*delivery.Delivery) {
-	if len(ds) > 0 {
-		cs.h.Unfetch(ds...)
-	}
+func newDispatcher(s *Server, q *queue) *dispatcher {
+	d := &dispatcher{srv: s, q: q, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	d.ctx, d.cancel = context.WithCancel(s.ctx)
+	empty := []*consumer{}
+	d.list.Store(&empty)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		d.run()
+	}()
+	return d
 }
 
-func (cs *consumer) wake() {
+func (d *dispatcher) add(cs *consumer) {
+	d.mu.Lock()
+	d.consumers = append(d.consumers, cs)
+	l := slices.Clone(d.consumers)
+	d.list.Store(&l)
+	d.mu.Unlock()
+	d.wake()
+}
+
+func (d *dispatcher) remove(cs *consumer) {
+	d.mu.Lock()
+	d.consumers = slices.DeleteFunc(d.consumers, func(x *consumer) bool { return x == cs })
+	l := slices.Clone(d.consumers)
+	d.list.Store(&l)
+	d.mu.Unlock()
+}
+
+// stop ends the dispatcher; what it fetched and did not deliver goes back.
+func (d *dispatcher) stop() { d.cancel() }
+
+func (d *dispatcher) wake() {
 	select {
-	case cs.kick <- struct{}{}:
+	case d.kick <- struct{}{}:
 	default:
 	}
 }
 
-// mayReadAhead reports whether cs may fetch beyond its credit: it has a
-// window (no-ack consumers fetch in bulk anyway) and no other consumer of
-// its queue in this process would be starved by it.
-func (cs *consumer) mayReadAhead() bool {
-	if cs.noAck {
-		return false
+func (d *dispatcher) run() {
+	defer close(d.done)
+	h, err := d.srv.deliveries.Acquire(d.ctx, d.q.channel)
+	// Another replica holds the queue: wait for its hold to lapse (see handleFor).
+	for wait := time.Now().Add(ownerWait); errors.Is(err, delivery.ErrNotOwner) && time.Now().Before(wait); {
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-d.ctx.Done():
+			return
+		}
+		h, err = d.srv.deliveries.Acquire(d.ctx, d.q.channel)
 	}
-	cs.q.vh.mu.Lock()
-	alone := len(cs.q.consumers) == 1
-	cs.q.vh.mu.Unlock()
-	return alone && cs.q.getters.Load() == 0
+	if err != nil {
+		if d.ctx.Err() == nil {
+			d.failConsumers(err)
+		}
+		return
+	}
+	defer h.Close()
+	h.SetReadAhead(readAhead)
+	for {
+		credit := d.credit()
+		if credit == 0 {
+			select {
+			case <-d.kick:
+				continue
+			case <-d.ctx.Done():
+				return
+			}
+		}
+		ds, err := h.Fetch(d.ctx, credit)
+		if err != nil {
+			if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
+				return
+			}
+			d.failConsumers(err)
+			select { // the consumers' connections are closing
+			case <-d.kick:
+			case <-d.ctx.Done():
+				return
+			}
+			continue
+		}
+		if rest := d.distribute(ds); len(rest) > 0 {
+			h.Unfetch(rest...)
+		}
+	}
 }
 
-// reclaimReadAhead makes the consumers of q in this process give back what
-// they read ahead, for a basic.get that found the queue empty; it reports
-// whether any held something, and waits briefly for it to be back.
-func (q *queue) reclaimReadAhead(h *delivery.Handle) bool {
-	q.vh.mu.Lock()
-	cs := make([]*consumer, 0, len(q.consumers))
-	for c := range q.consumers {
-		cs = append(cs, c)
+// failConsumers closes the connections of the consumers after a lease
+// engine failure (KubeMQ lost): their deliveries are void.
+func (d *dispatcher) failConsumers(err error) {
+	d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
+	for _, cs := range *d.list.Load() {
+		cs.ch.c.fail(backendError(err))
 	}
-	q.vh.mu.Unlock()
-	held := false
-	for _, c := range cs {
-		c.ch.dmu.Lock()
-		held = held || len(c.pending) > 0
-		c.ch.dmu.Unlock()
-		c.wake()
+}
+
+// credit is what the registered consumers may take now, together.
+func (d *dispatcher) credit() int {
+	n := 0
+	for _, cs := range *d.list.Load() {
+		cs.ch.dmu.Lock()
+		if !cs.stopped && !cs.ch.stopped {
+			n += cs.creditLocked()
+		}
+		cs.ch.dmu.Unlock()
 	}
-	if !held {
-		return false
+	return min(n, maxFetch)
+}
+
+// distribute delivers ds in order, each to the consumer RabbitMQ would
+// pick; it returns what no consumer could take.
+func (d *dispatcher) distribute(ds []*delivery.Delivery) []*delivery.Delivery {
+	order := slices.Clone(*d.list.Load())
+	// Highest priority first; within a priority, the one served longest ago.
+	slices.SortStableFunc(order, func(a, b *consumer) int {
+		if c := cmp.Compare(b.priority, a.priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.served, b.served)
+	})
+	for i, dl := range ds {
+		dec := decodeDelivery(d.q.name, dl)
+		taken := -1
+		for j, cs := range order {
+			if cs.deliver(dl, &dec) {
+				taken = j
+				break
+			}
+		}
+		if taken < 0 {
+			return ds[i:]
+		}
+		// Served: to the back of its priority.
+		d.count++
+		cs := order[taken]
+		cs.served = d.count
+		end := taken + 1
+		for end < len(order) && order[end].priority == cs.priority {
+			end++
+		}
+		copy(order[taken:end-1], order[taken+1:end])
+		order[end-1] = cs
 	}
-	deadline := time.Now().Add(time.Second)
-	for h.Consumer().Stats().Buffered == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	return true
+	return nil
 }
 
 // creditLocked is how many more deliveries cs may have in flight.
@@ -264,127 +365,44 @@ func (cs *consumer) creditLocked() int {
 	return max(n, 0)
 }
 
-// waitCredit waits until cs may fetch, and returns how many. While some
-// of its deliveries are still unacknowledged it waits for half its window
-// to be free: every fetch costs the lease engine a KubeMQ round trip or
-// several, so refilling one message at a time as acks trickle in would
-// starve a fast consumer. The client stays busy with the other half.
-func (cs *consumer) waitCredit() int {
-	for {
-		cs.ch.dmu.Lock()
-		n := cs.creditLocked()
-		low := cs.lowWaterLocked()
-		out := cs.outstanding
-		held := len(cs.pending)
-		cs.ch.dmu.Unlock()
-		if n > 0 && (n >= low || out == 0 || held > 0) {
-			return n
-		}
-		if held > 0 && !cs.mayReadAhead() {
-			cs.ch.dmu.Lock()
-			back := cs.pending
-			cs.pending = nil
-			cs.ch.dmu.Unlock()
-			cs.giveBack(back)
-		}
-		select {
-		case <-cs.kick:
-		case <-cs.ctx.Done():
-			return 0
-		}
-	}
-}
-
-// lowWaterLocked is the credit worth a fetch while deliveries are out.
-func (cs *consumer) lowWaterLocked() int {
-	limit := int(cs.prefetch)
-	if g := int(cs.ch.globalPrefetch); g > 0 && (limit == 0 || g < limit) {
-		limit = g
-	}
-	if cs.noAck || limit == 0 {
-		return 1
-	}
-	return max(1, limit/2)
-}
-
-// deliverPending delivers held-back deliveries first; it reports whether
-// there were any.
-func (cs *consumer) deliverPending(n int) bool {
-	alone := cs.mayReadAhead()
-	cs.ch.dmu.Lock()
-	if len(cs.pending) == 0 {
-		cs.ch.dmu.Unlock()
-		return false
-	}
-	if !cs.noAck && cs.ch.globalPrefetch == 0 && !alone {
-		// Read ahead while alone; now the queue has other consumers here,
-		// give the held ones back so they get their share.
-		back := cs.pending
-		cs.pending = nil
-		cs.ch.dmu.Unlock()
-		cs.giveBack(back)
-		return false
-	}
-	k := min(n, len(cs.pending))
-	ds := slices.Clone(cs.pending[:k])
-	cs.pending = cs.pending[k:]
-	cs.ch.dmu.Unlock()
-	cs.deliver(ds)
-	return true
-}
-
 type decoded struct {
 	exchange, key string
 	props         wire.Properties
 }
 
-// deliver sends ds to the client within the current credit (the rest is
-// held back). Tags are minted and frames queued under dmu, so delivery
-// tags reach the wire in increasing order.
-func (cs *consumer) deliver(ds []*delivery.Delivery) {
-	if len(ds) == 0 {
-		return
-	}
+func decodeDelivery(queue string, d *delivery.Delivery) decoded {
+	var dec decoded
+	dec.exchange, dec.key, dec.props = decodeMessage(queue, d.Metadata, d.Tags)
+	return dec
+}
+
+// deliver sends d to the client if cs may take it now. The tag is minted
+// and the frame queued under dmu, so delivery tags reach the wire in
+// increasing order and never after the consumer stopped.
+func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
 	ch := cs.ch
-	dec := make([]decoded, len(ds))
-	for i, d := range ds {
-		dec[i].exchange, dec[i].key, dec[i].props = decodeMessage(cs.q.name, d.Metadata, d.Tags)
-	}
-	var acks []string
 	ch.dmu.Lock()
-	if ch.stopped || cs.ctx.Err() != nil {
+	if cs.stopped || ch.stopped || cs.creditLocked() == 0 {
 		ch.dmu.Unlock()
-		cs.giveBack(ds)
-		return
+		return false
 	}
-	allowed := cs.creditLocked()
-	if cs.noAck {
-		allowed = len(ds)
+	ch.nextTag++
+	tag := ch.nextTag
+	if !cs.noAck {
+		ch.unacked[tag] = &unacked{d: d, h: cs.h, cons: cs, queue: cs.q, tag: tag}
+		ch.order = append(ch.order, tag)
+		cs.outstanding++
 	}
-	for i, d := range ds {
-		if i >= allowed {
-			cs.pending = append(cs.pending, ds[i:]...)
-			break
-		}
-		ch.nextTag++
-		tag := ch.nextTag
-		if cs.noAck {
-			acks = append(acks, d.LeaseID)
-		} else {
-			ch.unacked[tag] = &unacked{d: d, h: cs.h, cons: cs, queue: cs.q, tag: tag}
-			ch.order = append(ch.order, tag)
-			cs.outstanding++
-		}
-		// Counted first, so a client that has the message sees it counted.
-		ch.c.srv.m.delivered.Inc()
-		cs.q.counters().out(len(d.Body))
-		ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
-			Redelivered: d.Redelivered, Exchange: dec[i].exchange, RoutingKey: dec[i].key}, props: &dec[i].props, body: d.Body})
-	}
+	// Counted first, so a client that has the message sees it counted.
+	ch.c.srv.m.delivered.Inc()
+	cs.q.counters().out(len(d.Body))
+	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
+		Redelivered: d.Redelivered, Exchange: dec.exchange, RoutingKey: dec.key}, props: &dec.props, body: d.Body})
 	ch.dmu.Unlock()
-	if len(acks) > 0 {
-		cs.h.Ack(acks...)
+	if cs.noAck {
+		cs.h.Ack(d.LeaseID)
 	}
+	return true
 }
 
 func (ch *channel) get(m *wire.BasicGet) error {
@@ -400,37 +418,13 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	if err != nil {
 		return err
 	}
-	waiting, known, err := c.srv.waiting(c.ctx, q)
-	if err != nil {
+	// RabbitMQ orders a channel's methods: what it published is in the
+	// queue before the get looks.
+	if err := ch.awaitPublishes(); err != nil {
 		return err
 	}
-	// A queue KubeMQ cannot count is asked directly (the Fetch below).
-	if known && waiting == 0 {
-		st := h.Consumer().Stats()
-		if st.Buffered == 0 && st.Leases-st.Out > 0 {
-			// Deliveries just given back (nack, reject, recover) are being
-			// stored again: RabbitMQ would already have them in the queue.
-			waitRequeued(h, requeueWait)
-			if waiting, _, err = c.srv.waiting(c.ctx, q); err != nil {
-				return err
-			}
-			st = h.Consumer().Stats()
-		}
-		if waiting == 0 && st.Buffered == 0 {
-			q.getters.Add(1)
-			defer q.getters.Add(-1)
-			if !q.reclaimReadAhead(h) {
-				ch.send(&wire.BasicGetEmpty{})
-				return nil
-			}
-		}
-	}
-	wait := getWait
-	if !known {
-		wait = uncountedGetWait
-	}
-	ctx, cancel := context.WithTimeout(c.ctx, wait)
-	ds, err := h.Fetch(ctx, 1)
+	ctx, cancel := context.WithTimeout(c.ctx, getWait)
+	ds, err := h.TryFetch(ctx, 1)
 	cancel()
 	if err != nil {
 		if c.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
@@ -439,15 +433,20 @@ func (ch *channel) get(m *wire.BasicGet) error {
 		}
 		return err
 	}
+	if len(ds) == 0 {
+		ch.send(&wire.BasicGetEmpty{})
+		return nil
+	}
 	d := ds[0]
-	for _, extra := range ds[1:] {
-		h.Release(extra.LeaseID)
+	if len(ds) > 1 {
+		h.Unfetch(ds[1:]...)
 	}
-	ex, rk, props := decodeMessage(q.name, d.Metadata, d.Tags)
-	left := uint32(0)
-	if waiting > 0 {
-		left = waiting - 1
+	left, err := h.Ready(c.ctx)
+	if err != nil {
+		h.Unfetch(d)
+		return err
 	}
+	dec := decodeDelivery(q.name, d)
 	ch.dmu.Lock()
 	ch.nextTag++
 	tag := ch.nextTag
@@ -457,8 +456,8 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	}
 	c.srv.m.delivered.Inc()
 	q.counters().out(len(d.Body))
-	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: ex,
-		RoutingKey: rk, MessageCount: left}, props: &props, body: d.Body})
+	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: dec.exchange,
+		RoutingKey: dec.key, MessageCount: uint32(min(max(left, 0), 1<<32-1))}, props: &dec.props, body: d.Body})
 	ch.dmu.Unlock()
 	if m.NoAck {
 		h.Ack(d.LeaseID)
@@ -596,49 +595,62 @@ func (ch *channel) recover(requeue bool) error {
 
 // settle applies settlements to the lease engine: an ack (or a reject
 // without requeue: there is no dead-lettering) ends the lease, a requeue
-// gives the message back for redelivery.
+// puts the message back at its place in the queue (ahead of everything
+// published after it), as RabbitMQ does. A requeued delivery of a queue
+// deleted meanwhile is dropped, as in RabbitMQ.
 func (ch *channel) settle(us []*unacked, requeue []bool) {
-	if len(us) == 1 {
-		// The common case (one basic.ack per delivery) without the grouping.
-		u := us[0]
-		if requeue != nil && requeue[0] {
-			u.h.Release(u.d.LeaseID)
-			ch.c.srv.m.requeued.Inc()
-		} else {
-			u.h.Ack(u.d.LeaseID)
-			ch.c.srv.m.acked.Inc()
-		}
-		return
+	type batch struct{ ack, back []string }
+	var one [1]struct {
+		h *delivery.Handle
+		b batch
 	}
-	type batch struct{ ack, release []string }
-	by := map[*delivery.Handle]*batch{}
-	for i, u := range us {
-		b := by[u.h]
+	var by map[*delivery.Handle]*batch
+	get := func(h *delivery.Handle) *batch {
+		if one[0].h == nil || one[0].h == h {
+			one[0].h = h
+			return &one[0].b
+		}
+		if by == nil {
+			by = map[*delivery.Handle]*batch{}
+		}
+		b := by[h]
 		if b == nil {
 			b = &batch{}
-			by[u.h] = b
+			by[h] = b
 		}
-		if requeue != nil && requeue[i] {
-			b.release = append(b.release, u.d.LeaseID)
+		return b
+	}
+	for i, u := range us {
+		b := get(u.h)
+		if requeue != nil && requeue[i] && !u.queue.isDeleted() {
+			b.back = append(b.back, u.d.LeaseID)
 		} else {
 			b.ack = append(b.ack, u.d.LeaseID)
 		}
 	}
-	for h, b := range by {
+	apply := func(h *delivery.Handle, b *batch) {
 		if len(b.ack) > 0 {
 			h.Ack(b.ack...)
 			ch.c.srv.m.acked.Add(float64(len(b.ack)))
 		}
-		if len(b.release) > 0 {
-			h.Release(b.release...)
-			ch.c.srv.m.requeued.Add(float64(len(b.release)))
+		if len(b.back) > 0 {
+			h.Requeue(b.back...)
+			ch.c.srv.m.requeued.Add(float64(len(b.back)))
 		}
+	}
+	if one[0].h != nil {
+		apply(one[0].h, &one[0].b)
+	}
+	for h, b := range by {
+		apply(h, b)
 	}
 }
 
+// kickConsumers tells the dispatchers of the channel's consumers that
+// credit may have been freed.
 func (ch *channel) kickConsumers() {
 	for _, cs := range ch.consumers {
-		cs.wake()
+		cs.d.wake()
 	}
 }
 

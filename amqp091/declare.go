@@ -307,7 +307,10 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 		// An exclusive queue keeps the durable flag it was declared with
 		// (RabbitMQ 3.10 compares it on redeclare) but dies with its
 		// connection, so it is never a registry record (persistent).
-		q = newQueue(vh, name, m.Durable, m.Exclusive, m.AutoDelete, m.Arguments, owner)
+		vh.mu.Lock()
+		incarnation := vh.incarnations[name]
+		vh.mu.Unlock()
+		q = newQueue(vh, name, m.Durable, m.Exclusive, m.AutoDelete, m.Arguments, owner, incarnation)
 		ctx, cancel := ch.backendCtx()
 		err := vh.putQueueRecord(ctx, q)
 		cancel()
@@ -361,7 +364,10 @@ func (ch *channel) declareOk(q *queue, noWait bool) error {
 	if noWait {
 		return nil
 	}
-	n, _, err := ch.c.srv.waiting(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
+	if err := ch.awaitPublishes(); err != nil {
+		return err
+	}
+	n, _, err := ch.c.srv.readyCount(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
 	if err != nil {
 		return err
 	}
@@ -375,6 +381,9 @@ func (ch *channel) declareOk(q *queue, noWait bool) error {
 func (ch *channel) queuePurge(m *wire.QueuePurge) error {
 	q, err := ch.queueFor(m.Queue)
 	if err != nil {
+		return err
+	}
+	if err := ch.awaitPublishes(); err != nil {
 		return err
 	}
 	n, err := ch.c.srv.purge(ch.c.ctx, q)
@@ -415,8 +424,11 @@ func (ch *channel) queueDelete(m *wire.QueueDelete) error {
 			return wire.PreconditionFailed("%s in use", rsQueue(name, vn))
 		}
 	}
+	if err := ch.awaitPublishes(); err != nil {
+		return err
+	}
 	if m.IfEmpty {
-		n, known, err := ch.c.srv.waiting(ch.c.ctx, q)
+		n, known, err := ch.c.srv.readyCount(ch.c.ctx, q)
 		if err != nil {
 			return err
 		}

@@ -14,7 +14,9 @@
 // client settles it). The byte-level codec is amqp091/wire.
 //
 // Every AMQP queue q of virtual host v is the KubeMQ queue channel
-// kubemqclient.Channel("amqp", v, q), with v "/" spelled "default". The
+// kubemqclient.Channel("amqp", v, q), with v "/" spelled "default"; a name
+// deleted after use and declared again takes a new incarnation with a
+// channel of its own (queueChannel in topology.go). The
 // message mapping is documented in message.go; behaviour follows RabbitMQ
 // 3.10 (reply codes and texts included), with the differences listed in
 // README.md.
@@ -22,6 +24,8 @@
 // Concurrency: per connection, one reader goroutine owns the channel table
 // and content assembly, one writer goroutine owns the socket's write side,
 // each channel runs its methods on its own goroutine (a slow KubeMQ call
-// on one channel never blocks another), and each consumer fetches and
-// delivers on one more. Mutable state names its owner where declared.
+// on one channel never blocks another), and each queue with consumers has
+// a dispatcher goroutine that fetches for all of them and delivers as
+// RabbitMQ's queue process does (consume.go). Mutable state names its
+// owner where declared.
 package amqp091

@@ -63,6 +63,9 @@ func backendError(err error) *wire.Error {
 		return wire.PreconditionFailed("KubeMQ refused the request: %v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, delivery.ErrClosed):
 		return wire.ConnectionForced("connection closing")
+	case errors.Is(err, delivery.ErrNotOwner), errors.Is(err, delivery.ErrHandedOver):
+		// Another replica consumes the queue (now): the client reconnects and goes on.
+		return wire.ConnectionForced("the queue is consumed through another kubemq-proxy replica: %v", err)
 	}
 	return wire.InternalError("KubeMQ call failed: %v", err)
 }

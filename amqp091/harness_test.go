@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -185,13 +186,28 @@ func rabbitEnv(t testing.TB) *env {
 		t.Skipf("differential run against RabbitMQ skipped: %v", err)
 	}
 	e := &env{t: t, addr: rabbitAddr, vhost: "t-" + randHex(4)}
-	if err := rabbitctl("add_vhost", e.vhost); err != nil {
+	if err := rabbitctlRetry("add_vhost", e.vhost); err != nil {
 		t.Fatal(err)
 	}
-	if err := rabbitctl("set_permissions", "-p", e.vhost, "guest", ".*", ".*", ".*"); err != nil {
+	if err := rabbitctlRetry("set_permissions", "-p", e.vhost, "guest", ".*", ".*", ".*"); err != nil {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// rabbitctlRetry runs rabbitmqctl until it succeeds, for a few seconds: on
+// a loaded machine the CLI sometimes fails to reach a node that already
+// accepts AMQP connections (exit status 64 or 69 with "unable to perform
+// an operation"). A vhost that a failed attempt did create counts as done.
+func rabbitctlRetry(args ...string) error {
+	var err error
+	for range 20 {
+		if err = rabbitctl(args...); err == nil || strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return err
 }
 
 // brokers runs a scenario against the proxy and, when it is installed,

@@ -118,7 +118,7 @@ func TestStreadwayClient(t *testing.T) {
 }
 
 // While KubeMQ is unreachable, open connections are closed with 320 and new
-// ones refused with it; once it is back, clients reconnect and carry on,
+// ones refused with it at their first method; once it is back, clients reconnect and carry on,
 // and nothing they were told is stored is lost.
 func TestBackendOutage(t *testing.T) {
 	e := newEnv(t)
@@ -138,9 +138,14 @@ func TestBackendOutage(t *testing.T) {
 		err.Reason != "CONNECTION_FORCED - KubeMQ backend unavailable: test: KubeMQ down" {
 		t.Fatalf("close: %+v", err)
 	}
-	_, err := amqp.Dial(e.url())
-	if amqpCode(err) != 320 {
+	// A new connection opens and its first method is answered with 320
+	// (TestClientsRefusedWhileKubeMQDown has why and every client).
+	c, err := amqp.Dial(e.url())
+	if err != nil {
 		t.Fatalf("dial while down: %v", err)
+	}
+	if _, err := c.Channel(); amqpCode(err) != 320 {
+		t.Fatalf("channel while down: %v", err)
 	}
 	e.ready.Store(nil)
 	conn = e.dial()

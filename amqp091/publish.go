@@ -71,6 +71,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		if q == nil {
 			continue // deleted while routing
 		}
+		q.markUsed()
 		// KubeMQ expires whole seconds (rounded up): a backstop for the
 		// message's and the queue's TTL, not RabbitMQ's exact expiry.
 		exp := ttl
@@ -97,17 +98,16 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	if ch.confirm {
 		seq = ch.confirms.next()
 	}
-	var done *pubDone
-	if ch.confirm || held > 0 {
-		n, confirm, t := held, ch.confirm, &ch.confirms
-		held = 0
-		done = newPubDone(len(msgs), func(ok bool) {
-			c.unpend(n)
-			if confirm {
-				t.complete(seq, ok)
-			}
-		})
-	}
+	n, confirm, t := held, ch.confirm, &ch.confirms
+	held = 0
+	ch.inflight.Add(1)
+	done := newPubDone(len(msgs), func(ok bool) {
+		c.unpend(n)
+		if confirm {
+			t.complete(seq, ok)
+		}
+		ch.publishDone()
+	})
 	c.srv.m.routed.Add(float64(len(msgs)))
 	for i := range msgs {
 		if !c.srv.pub.submit(c.ctx, msgs[i], done) {

@@ -402,7 +402,7 @@ func (s *Server) watchReady() {
 			s.log.Warn("KubeMQ unreachable: closing AMQP connections", zap.Int("connections", len(conns)), zap.Error(err))
 		}
 		for _, c := range conns {
-			if c.opened.Load() {
+			if c.opened.Load() && c.refuse == nil { // refused ones close on their own
 				c.fail(errBackendDown(err.Error()))
 			}
 		}
@@ -427,12 +427,35 @@ func (s *Server) waiting(ctx context.Context, q *queue) (n uint32, known bool, e
 	return uint32(min(qi.Waiting, 1<<32-1)), true, nil
 }
 
-// purge removes the messages waiting in q. KubeMQ's purge waits at least
-// a second, so a queue known to be empty is not purged at all.
+// readyCount returns how many messages of q a consumer could get now: KubeMQ's
+// count and the lease engine's buffer, without lease records (see
+// delivery.Manager.Ready). known is false when KubeMQ cannot count q.
+func (s *Server) readyCount(ctx context.Context, q *queue) (n uint32, known bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := s.deliveries.Ready(ctx, q.channel)
+	if err != nil || r < 0 {
+		return 0, false, err
+	}
+	return uint32(min(r, 1<<32-1)), true, nil
+}
+
+// purge removes the ready messages of q: those the lease engine holds
+// for it and those in KubeMQ (deliveries out stay, as in RabbitMQ). It
+// returns how many were ready. KubeMQ's purge waits at least a second, so
+// a KubeMQ queue known to be empty is not purged at all.
 func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
-	n, known, err := s.waiting(ctx, q)
-	if err != nil || (known && n == 0) {
+	n, known, err := s.readyCount(ctx, q)
+	if err != nil {
 		return 0, err
+	}
+	dropped := 0
+	if c := s.deliveries.Lookup(q.channel); c != nil {
+		dropped = c.Purge()
+	}
+	w, wknown, err := s.waiting(ctx, q)
+	if err != nil || (wknown && w == 0) {
+		return n, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -440,7 +463,10 @@ func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	return uint32(min(got, 1<<32-1)), nil
+	if !known {
+		n = uint32(min(got+uint64(dropped), 1<<32-1))
+	}
+	return n, nil
 }
 
 // deleteQueue removes q from the topology (registry included), cancels
@@ -452,11 +478,17 @@ func (s *Server) deleteQueue(ctx context.Context, q *queue, why string) (uint32,
 	return s.purge(ctx, q)
 }
 
-// unlinkQueue is deleteQueue without the purge.
+// unlinkQueue is deleteQueue without the purge. A queue that was used
+// moves its name to the next incarnation first (queueChannel).
 func (s *Server) unlinkQueue(ctx context.Context, q *queue, why string) error {
 	vh := q.vh
 	vh.declMu.Lock()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := s.nextIncarnation(wctx, q); err != nil {
+		cancel()
+		vh.declMu.Unlock()
+		return err
+	}
 	if err := vh.deleteQueueRecord(wctx, q); err != nil {
 		cancel()
 		vh.declMu.Unlock()
@@ -470,6 +502,37 @@ func (s *Server) unlinkQueue(ctx context.Context, q *queue, why string) error {
 		q.owner.disown(q)
 	}
 	return err
+}
+
+// nextIncarnation gives q's name a new incarnation for its next
+// declaration if q may leave anything behind in its KubeMQ queue: it was
+// used here, KubeMQ lists its queue (a message was stored in it, here or
+// elsewhere), or the lease engine has a consumer of it. Server-named
+// queues are never declared again and keep theirs. Called under declMu.
+func (s *Server) nextIncarnation(ctx context.Context, q *queue) error {
+	if reserved(q.name) {
+		return nil
+	}
+	used := q.used.Load() || s.deliveries.Lookup(q.channel) != nil
+	if !used {
+		info, err := s.b.QueuesInfo(ctx, q.channel)
+		if err != nil {
+			return err
+		}
+		_, l := info.Lookup(q.channel)
+		used = l != kubemqclient.NotListed
+	}
+	if !used {
+		return nil
+	}
+	next := q.incarnation + 1
+	if err := q.vh.putIncarnationRecord(ctx, q.name, next); err != nil {
+		return err
+	}
+	q.vh.mu.Lock()
+	q.vh.noteIncarnationLocked(q.name, next)
+	q.vh.mu.Unlock()
+	return nil
 }
 
 // dropQueue deletes q on the proxy's behalf (exclusive owner gone,

@@ -3,6 +3,7 @@ package amqp091
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,9 @@ const (
 	kindExchange = "amqp.exchange"
 	kindQueue    = "amqp.queue"
 	kindBinding  = "amqp.binding"
+	// kindIncarnation records, per queue name that was deleted after use,
+	// the incarnation its next declaration takes (see queueChannel).
+	kindIncarnation = "amqp.queue-incarnation"
 )
 
 type exchangeRecord struct {
@@ -34,10 +38,17 @@ type exchangeRecord struct {
 }
 
 type queueRecord struct {
-	Vhost      string `json:"vhost"`
-	Name       string `json:"name"`
-	AutoDelete bool   `json:"auto_delete,omitempty"`
-	Args       []byte `json:"args,omitempty"`
+	Vhost       string `json:"vhost"`
+	Name        string `json:"name"`
+	AutoDelete  bool   `json:"auto_delete,omitempty"`
+	Args        []byte `json:"args,omitempty"`
+	Incarnation uint64 `json:"incarnation,omitempty"`
+}
+
+type incarnationRecord struct {
+	Vhost       string `json:"vhost"`
+	Name        string `json:"name"`
+	Incarnation uint64 `json:"incarnation"`
 }
 
 type bindingRecord struct {
@@ -113,7 +124,7 @@ func (t *topology) vhost(key string) *vhost {
 	defer t.mu.Unlock()
 	v := t.vhosts[key]
 	if v == nil {
-		v = &vhost{top: t, key: key, routes: routing.NewTable(), queues: map[string]*queue{}}
+		v = &vhost{top: t, key: key, routes: routing.NewTable(), queues: map[string]*queue{}, incarnations: map[string]uint64{}}
 		t.vhosts[key] = v
 	}
 	return v
@@ -125,7 +136,7 @@ func (t *topology) load() {
 	if t.reg == nil {
 		return
 	}
-	for _, kind := range []string{kindExchange, kindQueue, kindBinding} {
+	for _, kind := range []string{kindIncarnation, kindExchange, kindQueue, kindBinding} {
 		for _, rec := range t.reg.List(kind) {
 			t.apply(rec)
 		}
@@ -180,12 +191,25 @@ func (t *topology) apply(rec registry.Record) {
 		if json.Unmarshal(rec.Value, &r) != nil {
 			return
 		}
+		if q := v.lookupQueue(r.Name); q != nil && q.persistent() && q.incarnation != r.Incarnation {
+			// Deleted and declared again by another replica.
+			v.removeQueue(q, "deleted by another replica")
+		}
 		v.mu.Lock()
 		if _, ok := v.queues[r.Name]; !ok {
-			v.queues[r.Name] = newQueue(v, r.Name, true, false, r.AutoDelete, decodeArgs(r.Args), nil)
+			v.queues[r.Name] = newQueue(v, r.Name, true, false, r.AutoDelete, decodeArgs(r.Args), nil, r.Incarnation)
 		}
+		v.noteIncarnationLocked(r.Name, r.Incarnation)
 		v.mu.Unlock()
 		v.routes.PutQueue(r.Name)
+	case kindIncarnation:
+		var r incarnationRecord
+		if rec.Deleted || json.Unmarshal(rec.Value, &r) != nil {
+			return
+		}
+		v.mu.Lock()
+		v.noteIncarnationLocked(r.Name, r.Incarnation)
+		v.mu.Unlock()
 	case kindBinding:
 		var r bindingRecord
 		if rec.Deleted {
@@ -227,8 +251,35 @@ type vhost struct {
 	// atomic. Publishing only reads routes and never takes it.
 	declMu sync.Mutex
 
-	mu     sync.Mutex // guards queues and every queue's consumer set
+	mu     sync.Mutex // guards queues, incarnations and every queue's consumer set
 	queues map[string]*queue
+	// incarnations holds, by queue name, the incarnation the name's next
+	// declaration takes when it is not 0 (see queueChannel).
+	incarnations map[string]uint64
+}
+
+// noteIncarnationLocked records that name's queue is (or will be) at least
+// incarnation n.
+func (v *vhost) noteIncarnationLocked(name string, n uint64) {
+	if n > v.incarnations[name] {
+		v.incarnations[name] = n
+	}
+}
+
+// queueChannel is the KubeMQ queue of incarnation n of queue name in v:
+// amqp.{vhost}.{queue} for the first, amqp.{vhost}.{queue}.{n} for later
+// ones. A queue deleted after use leaves its KubeMQ queue to what may
+// still arrive there (lease records of its deliveries, copies of a
+// publish in flight, another replica's leases), so its name's next
+// declaration takes the next incarnation, whose KubeMQ queue none of that
+// reaches; a native KubeMQ client sees the readable name until then. The
+// channel has one more part than any first incarnation's, so no queue name
+// maps onto it.
+func queueChannel(vhostKey, name string, n uint64) string {
+	if n == 0 {
+		return kubemqclient.Channel("amqp", vhostKey, name)
+	}
+	return kubemqclient.Channel("amqp", vhostKey, name, strconv.FormatUint(n, 10))
 }
 
 // queue is one AMQP queue, stored in the KubeMQ queue channel.
@@ -242,22 +293,27 @@ type queue struct {
 	args       wire.Table
 	owner      *conn         // exclusive owner, nil for shared queues
 	ttl        time.Duration // x-message-ttl, 0 = none
+	// incarnation numbers the queues that had this name (queueChannel).
+	incarnation uint64
 
-	// getters counts basic.get calls waiting on this queue: consumers do
-	// not read ahead meanwhile (they would hide messages from them).
-	getters atomic.Int32
-	stats   atomic.Pointer[queueStats] // resolved by counters
+	// used is set once a message was routed to q or a consumer or get
+	// used it here: deleting it then moves its name to a new incarnation.
+	used atomic.Bool
+
+	stats atomic.Pointer[queueStats] // resolved by counters
 
 	// Guarded by vh.mu.
 	consumers         map[*consumer]struct{}
+	disp              *dispatcher // delivers to consumers; nil without any
 	exclusiveConsumer bool
 	hadConsumer       bool // auto-delete applies only after a first consumer
 	deleted           bool
 }
 
-func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args wire.Table, owner *conn) *queue {
-	q := &queue{vh: v, name: name, channel: kubemqclient.Channel("amqp", v.key, name), durable: durable,
-		exclusive: exclusive, autoDelete: autoDelete, args: args, owner: owner, consumers: map[*consumer]struct{}{}}
+func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args wire.Table, owner *conn, incarnation uint64) *queue {
+	q := &queue{vh: v, name: name, channel: queueChannel(v.key, name, incarnation), durable: durable,
+		exclusive: exclusive, autoDelete: autoDelete, args: args, owner: owner, incarnation: incarnation,
+		consumers: map[*consumer]struct{}{}}
 	if ms, ok := intArg(args["x-message-ttl"]); ok && ms > 0 {
 		q.ttl = time.Duration(ms) * time.Millisecond
 	}
@@ -278,6 +334,20 @@ func (v *vhost) lookupQueue(name string) *queue {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.queues[name]
+}
+
+// markUsed notes that q's KubeMQ queue may hold something of it now.
+func (q *queue) markUsed() {
+	if !q.used.Load() {
+		q.used.Store(true)
+	}
+}
+
+// isDeleted reports whether q was deleted (any goroutine).
+func (q *queue) isDeleted() bool {
+	q.vh.mu.Lock()
+	defer q.vh.mu.Unlock()
+	return q.deleted
 }
 
 // persistent reports whether q is a registry record: durable and not
@@ -383,7 +453,16 @@ func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
 		return nil
 	}
 	return v.top.reg.Put(ctx, kindQueue, recordKey(v.key, q.name), queueRecord{
-		Vhost: v.key, Name: q.name, AutoDelete: q.autoDelete, Args: encodeArgs(q.args)})
+		Vhost: v.key, Name: q.name, AutoDelete: q.autoDelete, Args: encodeArgs(q.args), Incarnation: q.incarnation})
+}
+
+// putIncarnationRecord records that name's next declaration takes
+// incarnation n (every replica, and this one after a restart).
+func (v *vhost) putIncarnationRecord(ctx context.Context, name string, n uint64) error {
+	if v.top.reg == nil {
+		return nil
+	}
+	return v.top.reg.Put(ctx, kindIncarnation, recordKey(v.key, name), incarnationRecord{Vhost: v.key, Name: name, Incarnation: n})
 }
 
 func (v *vhost) deleteQueueRecord(ctx context.Context, q *queue) error {

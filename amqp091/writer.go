@@ -34,6 +34,7 @@ type writer struct {
 
 	// Owned by the writer goroutine.
 	lastWrite time.Time
+	delivered bool // the last flush carried a delivery
 
 	errMu sync.Mutex // guards err
 	err   error
@@ -99,14 +100,33 @@ func (w *writer) Err() error {
 	return w.err
 }
 
+// nudgeAfter is how long after a flush that carried a delivery the writer
+// sends a heartbeat if nothing else was written meanwhile (see run).
+const nudgeAfter = time.Millisecond
+
 // run is the writer goroutine. heartbeat 0 disables heartbeats.
+//
+// With heartbeats on, a delivery that nothing follows within nudgeAfter
+// is followed by a heartbeat frame. kombu's event loop (Celery's worker)
+// reads a message, defers its ack to the loop's next turn and first sleeps
+// in poll until its next timer (the worker's 2 s heartbeat, else up to
+// 10 s) when no more bytes arrive; it reads the next message that way
+// whenever the broker answers the previous ack before kombu is back in
+// poll, which the proxy often does and RabbitMQ, slower, rarely. Any frame
+// ends that sleep; a client acking within nudgeAfter never gets one.
 func (w *writer) run(heartbeat time.Duration) {
 	defer close(w.done)
 	var tick <-chan time.Time
+	var nudge *time.Timer
+	var nudged <-chan time.Time
 	if heartbeat > 0 {
 		ticker := time.NewTicker(heartbeat / 2)
 		defer ticker.Stop()
 		tick = ticker.C
+		nudge = time.NewTimer(time.Hour)
+		nudge.Stop()
+		defer nudge.Stop()
+		nudged = nudge.C
 	}
 	w.lastWrite = time.Now()
 	for {
@@ -115,6 +135,22 @@ func (w *writer) run(heartbeat time.Duration) {
 			if !w.write(f) || !w.drain() {
 				return
 			}
+			if nudge != nil {
+				if w.delivered {
+					nudge.Reset(nudgeAfter)
+				} else {
+					nudge.Stop()
+				}
+			}
+		case <-nudged:
+			if err := w.fw.WriteHeartbeat(); err != nil {
+				w.setErr(err)
+				return
+			}
+			if !w.flush() {
+				return
+			}
+			w.delivered = false
 		case <-tick:
 			if time.Since(w.lastWrite) >= heartbeat/2 {
 				if err := w.fw.WriteHeartbeat(); err != nil {
@@ -158,6 +194,12 @@ func (w *writer) drain() bool {
 
 func (w *writer) write(f outFrame) bool {
 	var err error
+	switch f.m.(type) {
+	case *wire.BasicDeliver:
+		w.delivered = true
+	default:
+		w.delivered = false
+	}
 	if f.m.HasContent() {
 		err = w.fw.WriteContent(f.channel, f.m, f.props, f.body)
 	} else {

@@ -1,11 +1,13 @@
 package delivery
 
 import (
+	"cmp"
 	"context"
 	cryptorand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -182,6 +184,9 @@ type Stats struct {
 	// TransientRefusals counts Gets the server refused for now on a stream that went on
 	// (retried after a backoff; nothing held was given up).
 	TransientRefusals uint64
+	// Requeued counts deliveries given back in place (Requeue) and Purged buffered leases
+	// dropped by Purge.
+	Requeued, Purged uint64
 	// Sentinel records (sentinel.go): stored (own and foreign ones stored again), own ones
 	// received back, foreign ones stored again, and expired foreign ones dropped.
 	SentinelsStored, SentinelsReturned, SentinelsBounced, SentinelsDropped uint64
@@ -190,20 +195,23 @@ type Stats struct {
 type counters struct {
 	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
-	corrupt, storeFailures, leasesLost, resets, transient,
+	corrupt, storeFailures, leasesLost, resets, transient, requeued, purged,
 	sentinelsStored, sentinelsReturned, sentinelsBounced, sentinelsDropped atomic.Uint64
 }
 
 // waiter is one Fetch call waiting for deliveries. Owned by Consumer.mu until done is closed.
 type waiter struct {
-	max      int
-	holder   *Handle
-	deadline time.Duration
-	hold     time.Duration // promise without an engine deadline (Handle.SetHold)
-	got      []*Delivery
-	err      error
-	finished bool
-	done     chan struct{}
+	max       int
+	holder    *Handle
+	deadline  time.Duration
+	hold      time.Duration // promise without an engine deadline (Handle.SetHold)
+	readAhead int           // the poll loop may take this many messages for it (Handle.SetReadAhead)
+	try       bool          // TryFetch: answered empty once the queue is found empty
+	reg       uint64        // Consumer.checks when it was registered
+	got       []*Delivery
+	err       error
+	finished  bool
+	done      chan struct{}
 }
 
 // Consumer leases the messages of one KubeMQ queue. At most one Consumer per queue may exist in
@@ -242,9 +250,17 @@ type Consumer struct {
 	emptyCh chan struct{} // closed when the table becomes empty (Manager linger)
 	// sentinels: this Consumer's sentinels on their way, by id (sentinel.go).
 	sentinels map[string]ownSentinel
-	bg        sync.WaitGroup // sentinel stores
-	settled   chan struct{}  // closed (and dropped) each time the settler finishes a pass
-	idle      chan struct{}  // closed (and dropped) when the poll loop waits for demand (tests)
+	// nextPos numbers leases in the order the queue gave them (lease.pos).
+	nextPos uint64
+	// checks numbers the poll loop's looks at the queue (a QueuesInfo or a Get), so that a
+	// TryFetch is answered empty only by a look that began after it (ready.go).
+	checks uint64
+	// records: this Consumer's delayed messages (lease records, sentinels) stored and not yet
+	// read back, by MessageID: when they are due (ready.go).
+	records map[string]time.Time
+	bg      sync.WaitGroup // sentinel stores
+	settled chan struct{}  // closed (and dropped) each time the settler finishes a pass
+	idle    chan struct{}  // closed (and dropped) when the poll loop waits for demand (tests)
 
 	pollWake   chan struct{} // cap 1: demand appeared
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
@@ -253,6 +269,11 @@ type Consumer struct {
 	staleStream atomic.Bool
 	// unsettled is the hook set by Handle.OnUnsettled (nil = none).
 	unsettled atomic.Pointer[UnsettledFunc]
+	// moving counts transfers in progress between KubeMQ and the lease table (a batch acked
+	// and not yet buffered, redelivery copies being stored), moved those completed: Ready
+	// takes its two counts while neither changes (ready.go).
+	moving atomic.Int32
+	moved  atomic.Uint64
 
 	pollCtx, settleCtx       context.Context
 	pollCancel, settleCancel context.CancelFunc
@@ -272,9 +293,10 @@ func NewConsumer(b Backend, queue string, opts Options) (*Consumer, error) {
 // obsolete and must be dropped, not redelivered), and the ids of incarnations whose leases were
 // abandoned (their records are recovered at once).
 type identity struct {
-	owner ownerID
-	clean bool
-	past  []ownerID
+	owner   ownerID
+	clean   bool
+	past    []ownerID
+	records map[string]time.Time // delayed messages stored and not read back (Consumer.records)
 }
 
 func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consumer, error) {
@@ -316,6 +338,7 @@ func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consum
 		if n := len(c.pastOwners); n > maxPastOwners {
 			c.pastOwners = c.pastOwners[n-maxPastOwners:]
 		}
+		c.records = prev.records
 	}
 	c.pollCtx, c.pollCancel = context.WithCancel(context.Background())
 	c.settleCtx, c.settleCancel = context.WithCancel(context.Background())
@@ -331,10 +354,10 @@ func (c *Consumer) Queue() string { return c.queue }
 // Waiting Fetch calls are served in FIFO order. It fails with ErrClosed after Close, and with
 // the backend's error (wrapped in ErrLeasesLost when leases were dropped) when KubeMQ fails.
 func (c *Consumer) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
-	return c.fetch(ctx, max, nil, c.opts.Deadline, 0)
+	return c.fetch(ctx, max, nil, c.opts.Deadline, 0, 0, false)
 }
 
-func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline, hold time.Duration) ([]*Delivery, error) {
+func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline, hold time.Duration, readAhead int, try bool) ([]*Delivery, error) {
 	if max <= 0 {
 		return nil, fmt.Errorf("delivery: Fetch max %d must be positive", max)
 	}
@@ -351,7 +374,8 @@ func (c *Consumer) fetch(ctx context.Context, max int, h *Handle, deadline, hold
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	w := &waiter{max: max, holder: h, deadline: deadline, hold: hold, done: make(chan struct{})}
+	w := &waiter{max: max, holder: h, deadline: deadline, hold: hold, readAhead: readAhead, try: try, reg: c.checks,
+		done: make(chan struct{})}
 	c.waiters = append(c.waiters, w)
 	c.want += max
 	c.serveLocked(time.Now())
@@ -417,6 +441,24 @@ func (c *Consumer) finishWaiterLocked(w *waiter, ds []*Delivery, err error) {
 	c.want -= w.max
 	w.got, w.err, w.finished = ds, err, true
 	close(w.done)
+}
+
+// foundEmptyLocked answers empty every TryFetch registered before look chk began: the poll
+// loop found the queue empty (nothing buffered, nothing in KubeMQ) at a look that began after
+// them.
+func (c *Consumer) foundEmptyLocked(chk uint64) {
+	keep := c.waiters[:0]
+	for _, w := range c.waiters {
+		if !w.try || w.reg >= chk {
+			keep = append(keep, w)
+			continue
+		}
+		c.want -= w.max
+		w.got, w.err, w.finished = nil, nil, true
+		close(w.done)
+	}
+	clear(c.waiters[len(keep):])
+	c.waiters = keep
 }
 
 // failWaiters ends every waiting Fetch with err.
@@ -488,8 +530,35 @@ func (c *Consumer) unhandLocked(ds []*Delivery) int {
 		back = append(back, l)
 		c.st.delivered.Add(^uint64(0))
 	}
-	c.ready = append(back, c.ready...)
+	c.insertReadyLocked(back)
 	return len(back)
+}
+
+// insertReadyLocked puts leases back into the ready buffer at their positions: the buffer
+// stays in the order the queue gave the messages, so a message given back is delivered before
+// every later one, as if it had never left the queue.
+func (c *Consumer) insertReadyLocked(ls []*lease) {
+	if len(ls) == 0 {
+		return
+	}
+	slices.SortFunc(ls, func(a, b *lease) int { return cmp.Compare(a.pos, b.pos) })
+	if len(c.ready) == 0 || ls[len(ls)-1].pos < c.ready[0].pos {
+		c.ready = append(ls, c.ready...) // the usual case: all of them before the buffer
+		return
+	}
+	merged := make([]*lease, 0, len(c.ready)+len(ls))
+	i, j := 0, 0
+	for i < len(ls) && j < len(c.ready) {
+		if ls[i].pos < c.ready[j].pos {
+			merged = append(merged, ls[i])
+			i++
+		} else {
+			merged = append(merged, c.ready[j])
+			j++
+		}
+	}
+	merged = append(merged, ls[i:]...)
+	c.ready = append(merged, c.ready[j:]...)
 }
 
 func (c *Consumer) unholdLocked(l *lease) {
@@ -631,6 +700,77 @@ func (c *Consumer) Release(ids ...string) []bool {
 	return ok
 }
 
+// Requeue gives deliveries back in place (AMQP's requeue: nack, reject, recover, a closed
+// channel): each lease returns to the ready buffer at its original position, so the next Fetch
+// of the queue gets it before every message that came after it, and its next delivery is the
+// next attempt (Redelivered). No copy is enqueued: the lease stays in the table and its lease
+// record keeps it durable, as for a buffered lease. BeforeRedeliver is not consulted (a
+// front-end that dead-letters uses Nack). It reports, per id, whether the lease was out.
+func (c *Consumer) Requeue(ids ...string) []bool {
+	ok := make([]bool, len(ids))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	back := make([]*lease, 0, len(ids))
+	for i, id := range ids {
+		l := c.lookupLocked(id)
+		if l == nil || l.state != stateOut {
+			continue
+		}
+		c.heap.remove(l)
+		l.deadline, l.promise = time.Time{}, time.Time{}
+		c.unholdLocked(l)
+		l.state, l.d = stateBuffered, nil
+		l.attempt++
+		l.fresh = true // attempt is now the one of its next delivery
+		back = append(back, l)
+		ok[i] = true
+	}
+	c.insertReadyLocked(back)
+	c.st.requeued.Add(uint64(len(back)))
+	c.serveLocked(time.Now())
+	return ok
+}
+
+// Purge drops every lease of the ready buffer, and every redelivery copy not yet being stored,
+// as if acked (AMQP's queue.purge: ready messages go, deliveries out stay). The front-end
+// empties the KubeMQ queue after it; Purge forgets this Consumer's lease records that are due
+// back, which that removes (so Ready does not keep discounting them). It returns how many
+// leases it dropped.
+func (c *Consumer) Purge() int {
+	c.mu.Lock()
+	n := 0
+	var settled [][16]byte // their records are obsolete for the queue's next owner too
+	for _, l := range c.ready {
+		c.removeLocked(l)
+		settled = append(settled, l.key)
+		n++
+	}
+	c.ready = nil
+	for _, l := range c.requeue {
+		if c.table[l.key] == l {
+			c.removeLocked(l)
+			settled = append(settled, l.key)
+			n++
+		}
+	}
+	c.requeue = nil
+	owner := c.owner
+	defer func() {
+		c.mu.Unlock()
+		if st := c.opts.Settlements; st != nil && len(settled) > 0 {
+			st.Settle(c.queue, owner, settled...)
+		}
+	}()
+	now := time.Now()
+	for id, due := range c.records {
+		if !due.After(now) {
+			delete(c.records, id)
+		}
+	}
+	c.st.purged.Add(uint64(n))
+	return n
+}
+
 // ReleaseAll gives back every delivery of every user of this Consumer, plus the ready buffer.
 // Front-ends sharing a Consumer use Handle.ReleaseAll instead. It returns how many it released.
 func (c *Consumer) ReleaseAll() int {
@@ -694,6 +834,8 @@ func (c *Consumer) Stats() Stats {
 	s.StoreFailures = c.st.storeFailures.Load()
 	s.LeasesLost = c.st.leasesLost.Load()
 	s.TransientRefusals = c.st.transient.Load()
+	s.Requeued = c.st.requeued.Load()
+	s.Purged = c.st.purged.Load()
 	s.Resets = c.st.resets.Load()
 	s.SentinelsStored = c.st.sentinelsStored.Load()
 	s.SentinelsReturned = c.st.sentinelsReturned.Load()
@@ -834,7 +976,8 @@ const maxPastOwners = 16
 func (c *Consumer) identity() *identity {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return &identity{owner: c.owner, clean: len(c.table) == 0, past: append([]ownerID(nil), c.pastOwners...)}
+	return &identity{owner: c.owner, clean: len(c.table) == 0, past: append([]ownerID(nil), c.pastOwners...),
+		records: c.records}
 }
 
 // emptyChan returns a channel closed once the lease table is empty.

@@ -20,7 +20,8 @@
 //     go back to the queue undelivered.
 //  3. The messages become leases and are handed to Fetch callers in FIFO order.
 //  4. Ack forgets the lease; the record becomes obsolete. Nack, expiry and Release enqueue a
-//     fresh copy (Attempt+1). A record that comes back while its lease is still live is
+//     fresh copy (Attempt+1); Requeue instead puts the lease back into the ready buffer at its
+//     original position (Attempt+1 at its next hand-out), its record keeping it durable. A record that comes back while its lease is still live is
 //     re-armed into a new record; one whose lease is settled is dropped; one written by another
 //     owner (another replica, or this process before a crash or outage) is bounced until its
 //     lease could still be held, then redelivered as a fresh copy.
@@ -31,8 +32,18 @@
 // Close lets the Consumer linger, Retire closes it at once (a front-end that empties the queue
 // must not find what the Consumer had buffered in the next one). Fetch returns
 // Deliveries, each with an opaque LeaseID minted per delivery; Ack, Nack (with an optional
-// retry delay), Extend (modifyAckDeadline), Release (requeue) and Unfetch (never shown to a
-// client) settle them by id. Unknown or stale ids report false. A front-end that runs its own
+// retry delay), Extend (modifyAckDeadline), Release (a copy at the queue's tail), Requeue (back
+// in place, at the head in arrival order: AMQP's requeue) and Unfetch (never shown to a client)
+// settle them by id. Unknown or stale ids report false.
+//
+// The ready buffer holds recorded leases nobody holds, in the order the queue gave them:
+// Fetch takes from its head first. Handle.SetReadAhead lets a Fetch that wants few messages
+// make the poll loop take more at once; they wait in the buffer for any Fetch of the queue.
+// TryFetch is a Fetch that answers empty instead of waiting once the poll loop finds the queue
+// empty (AMQP's basic.get). Ready (on a Consumer, Handle, or the Manager by queue name) counts
+// what a Fetch could get: KubeMQ's count less the Consumer's own lease records that are back
+// in the queue, plus the buffer and the copies on their way (ready.go). Purge drops the buffer
+// (AMQP's queue.purge). None of these changes the durability rules below. A front-end that runs its own
 // deadlines (Pub/Sub) leaves the engine deadline at 0 and states them with Handle.SetHold and
 // Hold instead: the engine never expires those, but its lease records carry them, so another
 // owner waits for them. BeforeRedeliver lets a front-end dead-letter a message instead of

@@ -35,6 +35,7 @@ type fakeQueue struct {
 	delayed []fakeDelayed
 	ids     map[string]bool // MessageIDs of pending delayed messages
 	holder  *fakeStream     // stream with an open transaction or waiting Get
+	held    int             // messages in open transactions (counted as waiting, as KubeMQ does)
 }
 
 type fakeDelayed struct {
@@ -153,7 +154,7 @@ func (c *fakeClient) Waiting(ctx context.Context, queue string) (int64, error) {
 	}
 	q := f.queue(queue)
 	f.promoteLocked(q, time.Now())
-	return int64(len(q.ready)), nil
+	return int64(len(q.ready) + q.held), nil
 }
 
 func (c *fakeClient) Send(ctx context.Context, queue string, msgs []Message) ([]error, error) {
@@ -263,6 +264,7 @@ func (s *fakeStream) releaseLocked() {
 	f := s.c.f
 	for id, tx := range s.txs {
 		q := f.queue(tx.queue)
+		q.held -= len(tx.msgs)
 		q.ready = append(slices.Clone(tx.msgs), q.ready...)
 		slices.SortFunc(q.ready, func(a, b Message) int { return int(a.Sequence) - int(b.Sequence) })
 		if q.holder == s {
@@ -357,6 +359,7 @@ func (s *fakeStream) Get(ctx context.Context, queue string, maxItems int, wait t
 	s.nextTx++
 	id := "tx" + strconv.Itoa(s.nextTx)
 	s.txs[id] = &fakeTx{queue: queue, msgs: got}
+	q.held += len(got)
 	f.mu.Unlock()
 	return id, got, nil
 }
@@ -375,6 +378,7 @@ func (s *fakeStream) settle(tx string, giveBack bool) error {
 	}
 	delete(s.txs, tx)
 	q := f.queue(t.queue)
+	q.held -= len(t.msgs)
 	if q.holder == s {
 		q.holder = nil
 	}
@@ -424,6 +428,15 @@ func (f *fakeKubeMQ) send(t *testing.T, queue string, ids ...string) {
 	if _, err := f.client().Send(context.Background(), queue, msgs); err != nil {
 		t.Fatalf("send: %v", err)
 	}
+}
+
+// visible counts the messages a Get could take now (due delayed ones included).
+func (f *fakeKubeMQ) visible(queue string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := f.queue(queue)
+	f.promoteLocked(q, time.Now())
+	return len(q.ready)
 }
 
 // stored counts visible plus delayed messages in queue.

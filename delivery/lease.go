@@ -35,6 +35,7 @@ type lease struct {
 	d        *Delivery // what the holder got (nil before hand-out, except adopted leases)
 	msg      Message   // the original message: ID, Metadata, Body, Tags without reserved tags
 	seq      uint64    // sequence of the copy this lease came from (diagnostic)
+	pos      uint64    // arrival order in this Consumer: the ready buffer is kept sorted by it
 }
 
 // LeaseID returns the text form of a lease key: 22 characters of URL-safe base64.

@@ -278,6 +278,25 @@ func (m *Manager) Lookup(queue string) *Consumer {
 	return nil
 }
 
+// Ready is Consumer.Ready for queue whether or not it has a Consumer here: without one, it is
+// KubeMQ's count less the lease records the queue's last Consumer left due back. -1 when
+// KubeMQ cannot count the queue.
+func (m *Manager) Ready(ctx context.Context, queue string) (int64, error) {
+	if c := m.Lookup(queue); c != nil {
+		return c.Ready(ctx)
+	}
+	n, err := m.b.Waiting(ctx, queue)
+	if err != nil || n < 0 {
+		return n, err
+	}
+	m.mu.Lock()
+	if id := m.retired[queue]; id != nil {
+		n -= int64(dueRecords(id.records, time.Now()))
+	}
+	m.mu.Unlock()
+	return max(n, 0), nil
+}
+
 // Stats returns the stats of every open Consumer.
 func (m *Manager) Stats() []Stats {
 	cs := m.consumers()
@@ -437,10 +456,11 @@ type Handle struct {
 	c *Consumer
 
 	// Guarded by c.mu.
-	leases   map[leaseKey]*lease
-	deadline time.Duration
-	hold     time.Duration
-	closed   bool
+	leases    map[leaseKey]*lease
+	deadline  time.Duration
+	hold      time.Duration
+	readAhead int
+	closed    bool
 }
 
 // Consumer returns the shared Consumer.
@@ -462,15 +482,43 @@ func (h *Handle) SetHold(d time.Duration) {
 	h.hold = max(d, 0)
 }
 
+// SetReadAhead lets later Fetch calls through h make the poll loop take up to n messages from
+// KubeMQ at once even when fewer are wanted (0 = only what is wanted). The extra ones wait in
+// the ready buffer, shared by every Fetch of the queue and counted by Ready, so reading ahead
+// changes neither what a client observes nor who gets which message; it saves a lease-engine
+// round trip per message for a consumer that takes one at a time.
+func (h *Handle) SetReadAhead(n int) {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	h.readAhead = min(max(n, 0), h.c.opts.MaxBatch)
+}
+
 // Fetch is Consumer.Fetch with h's deadline, recording the deliveries as h's.
 func (h *Handle) Fetch(ctx context.Context, max int) ([]*Delivery, error) {
+	return h.fetch(ctx, max, false)
+}
+
+// TryFetch is Fetch that does not wait for messages to arrive: it returns 1..max deliveries
+// when the queue has messages, and none (with a nil error) when it has none: at once when
+// nothing is buffered and KubeMQ counts no message (asked with ctx), else once the poll loop
+// has found the queue empty (KubeMQ's count; where KubeMQ cannot count the queue, a Get short
+// of its size) at a look that began after the call (AMQP's basic.get). Waiting Fetch calls registered before it are served
+// first. ctx bounds the call as for Fetch.
+func (h *Handle) TryFetch(ctx context.Context, max int) ([]*Delivery, error) {
+	if empty, err := h.c.emptyNow(ctx); err != nil || empty {
+		return nil, err
+	}
+	return h.fetch(ctx, max, true)
+}
+
+func (h *Handle) fetch(ctx context.Context, max int, try bool) ([]*Delivery, error) {
 	h.c.mu.Lock()
-	closed, dl, hold := h.closed, h.deadline, h.hold
+	closed, dl, hold, ahead := h.closed, h.deadline, h.hold, h.readAhead
 	h.c.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
-	return h.c.fetch(ctx, max, h, dl, hold)
+	return h.c.fetch(ctx, max, h, dl, hold, ahead, try)
 }
 
 // UnsettledFunc is told of a message found in a lease record that this Consumer's live lease
@@ -511,6 +559,15 @@ func (h *Handle) Extend(id string, deadline time.Time) bool { return h.c.Extend(
 
 // Release is Consumer.Release.
 func (h *Handle) Release(ids ...string) []bool { return h.c.Release(ids...) }
+
+// Requeue is Consumer.Requeue.
+func (h *Handle) Requeue(ids ...string) []bool { return h.c.Requeue(ids...) }
+
+// Purge is Consumer.Purge.
+func (h *Handle) Purge() int { return h.c.Purge() }
+
+// Ready is Consumer.Ready.
+func (h *Handle) Ready(ctx context.Context) (int64, error) { return h.c.Ready(ctx) }
 
 // Unfetch is Consumer.Unfetch.
 func (h *Handle) Unfetch(ds ...*Delivery) int { return h.c.Unfetch(ds...) }

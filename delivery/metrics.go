@@ -32,6 +32,8 @@ func (s *Stats) add(o Stats) {
 	s.LeasesLost += o.LeasesLost
 	s.Resets += o.Resets
 	s.TransientRefusals += o.TransientRefusals
+	s.Requeued += o.Requeued
+	s.Purged += o.Purged
 	s.SentinelsStored += o.SentinelsStored
 	s.SentinelsReturned += o.SentinelsReturned
 	s.SentinelsBounced += o.SentinelsBounced
@@ -104,6 +106,8 @@ var metricDescs = func() []metricDesc {
 		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
 		c("transient_refusals", "Gets the backend refused for now on a stream that went on (retried).",
 			func(s *Stats) uint64 { return s.TransientRefusals }),
+		c("requeued", "Deliveries given back in place (Requeue).", func(s *Stats) uint64 { return s.Requeued }),
+		c("purged", "Buffered leases dropped by Purge.", func(s *Stats) uint64 { return s.Purged }),
 		c("sentinels_stored", "Sentinel records stored (ordered recovery), including other consumers' ones stored again.",
 			func(s *Stats) uint64 { return s.SentinelsStored }),
 		c("sentinels_returned", "Own sentinel records received back.", func(s *Stats) uint64 { return s.SentinelsReturned }),

@@ -64,7 +64,7 @@ func (c *Consumer) pollLoop() {
 	defer closeStream()
 	synced := c.opts.Settlements == nil
 	for {
-		demand, ok := c.awaitDemand()
+		demand, ahead, ok := c.awaitDemand()
 		if !ok {
 			return
 		}
@@ -94,7 +94,7 @@ func (c *Consumer) pollLoop() {
 			}
 			gets = 0
 		}
-		broken, err := c.pollOnce(ds, demand, &st)
+		broken, err := c.pollOnce(ds, demand, ahead, &st)
 		gets++
 		if errors.Is(err, errTransient) {
 			c.st.transient.Add(1)
@@ -126,27 +126,31 @@ func (c *Consumer) pollLoop() {
 	}
 }
 
-// awaitDemand blocks until some Fetch wants more than the ready buffer holds. ok is false when
-// the Consumer is closing.
-func (c *Consumer) awaitDemand() (demand int, ok bool) {
+// awaitDemand blocks until some Fetch wants more than the ready buffer holds. ahead is the
+// largest read-ahead among the waiting Fetch calls. ok is false when the Consumer is closing.
+func (c *Consumer) awaitDemand() (demand, ahead int, ok bool) {
 	for {
 		c.mu.Lock()
 		demand, closing := c.demandLocked(), c.closing
+		ahead = 0
+		for _, w := range c.waiters {
+			ahead = max(ahead, w.readAhead)
+		}
 		if demand <= 0 && c.idle != nil {
 			close(c.idle)
 			c.idle = nil
 		}
 		c.mu.Unlock()
 		if closing || c.pollCtx.Err() != nil {
-			return 0, false
+			return 0, 0, false
 		}
 		if demand > 0 {
-			return demand, true
+			return demand, ahead, true
 		}
 		select {
 		case <-c.pollWake:
 		case <-c.pollCtx.Done():
-			return 0, false
+			return 0, 0, false
 		}
 	}
 }
@@ -189,10 +193,12 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 }
 
 // pollOnce runs one Get and everything that must happen before its transaction is settled.
-// broken reports that the stream can no longer be used.
-func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bool, err error) {
-	want := int64(min(demand, c.opts.MaxBatch))
+// It takes up to max(demand, ahead) messages. broken reports that the stream can no longer be
+// used.
+func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (broken bool, err error) {
+	want := int64(min(max(demand, ahead), c.opts.MaxBatch))
 	if st.known < want {
+		chk := c.beginLook()
 		n, err := c.b.Waiting(c.pollCtx, c.queue)
 		if err != nil {
 			return false, fmt.Errorf("delivery: queue info %s: %w", c.queue, err)
@@ -202,6 +208,9 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 			st.probe = 0
 		} else if st.probe == 0 {
 			st.probe = 1
+		}
+		if n == 0 && !c.emptyAt(chk) {
+			return false, nil // only TryFetch calls wanted something: no Get
 		}
 	}
 	maxItems := 1
@@ -215,6 +224,11 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	// outstanding can strand messages on the real server (kubemq-api.md 8.7).
 	opCtx := context.WithoutCancel(c.pollCtx)
 	ctx, cancel := context.WithTimeout(opCtx, getWait+opTimeout)
+	// Only where KubeMQ cannot count the queue is a Get short of its size taken to mean the
+	// queue is empty: elsewhere a Get whose slots go to expired messages answers short at
+	// once (embedded/COMPAT.md), and the next QueuesInfo tells.
+	uncounted := st.probe > 0
+	chk := c.beginLook()
 	tx, msgs, err := ds.Get(ctx, c.queue, maxItems, getWait)
 	cancel()
 	c.st.gets.Add(1)
@@ -241,6 +255,9 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 		}
 	}
 	if len(msgs) == 0 {
+		if uncounted {
+			c.emptyAt(chk)
+		}
 		return false, nil // an empty Get completes its transaction
 	}
 	b := c.prepare(msgs, time.Now())
@@ -262,10 +279,20 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	}
 	ctx, cancel = context.WithTimeout(opCtx, opTimeout)
 	defer cancel()
+	// From the ack until the batch is buffered (and KubeMQ's count no longer has it), Ready
+	// waits rather than count it twice or not at all.
+	c.moving.Add(1)
+	defer func() {
+		c.moved.Add(1)
+		c.moving.Add(-1)
+	}()
 	if err := ds.AckAll(ctx, tx); err != nil {
 		return true, fmt.Errorf("delivery: ack batch on %s: %w", c.queue, err)
 	}
 	c.commit(b)
+	if uncounted && len(msgs) < maxItems {
+		c.emptyAt(chk) // after the commit: what the Get brought went to the waiters first
+	}
 	st.unsynced++
 	if st.known >= int64(c.opts.MaxBatch) && st.unsynced < maxUnsynced {
 		return false, nil // the next Get is sized from known: no QueuesInfo to protect
@@ -277,6 +304,25 @@ func (c *Consumer) pollOnce(ds Downstream, demand int, st *pollState) (broken bo
 	}
 	st.unsynced = 0
 	return false, nil
+}
+
+// beginLook numbers a look at the queue (a QueuesInfo or a Get) about to begin.
+func (c *Consumer) beginLook() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checks++
+	return c.checks
+}
+
+// emptyAt answers the TryFetch calls that look chk found the queue empty for (it began after
+// them). It reports whether some Fetch still wants more than the buffer holds.
+func (c *Consumer) emptyAt(chk uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ready) == 0 {
+		c.foundEmptyLocked(chk)
+	}
+	return c.demandLocked() > 0
 }
 
 // batch is what one Get turns into: new leases, re-armed and recovered ones, and the records
@@ -355,6 +401,10 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 
 	c.mu.Lock()
+	c.readBackLocked(recs)
+	if len(recs) > 0 {
+		c.forgetRecordsLocked(now)
+	}
 	own, again := c.sentinelsLocked(sentinels, now)
 	b.sentinels = again
 	owner := c.owner
@@ -586,6 +636,7 @@ func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
 	for {
 		res, err := c.b.Send(ctx, c.queue, msgs)
 		if err == nil {
+			c.noteStored(msgs, res)
 			var failed []Message
 			for i, e := range res {
 				if e == nil {
@@ -616,6 +667,23 @@ func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
 	}
 }
 
+// noteStored tracks the delayed records among msgs that the backend stored (ready.go).
+func (c *Consumer) noteStored(msgs []Message, res []error) {
+	var stored []bool
+	for i := range msgs {
+		if msgs[i].DelaySeconds <= 0 {
+			continue
+		}
+		if stored == nil {
+			stored = make([]bool, len(msgs))
+		}
+		stored[i] = i < len(res) && res[i] == nil
+	}
+	if stored != nil {
+		c.trackRecords(msgs, stored, time.Now())
+	}
+}
+
 // commit makes a stored batch live: new leases join the ready buffer and are handed to the
 // waiters, re-armed leases take their new generation, recovered ones go to the settler.
 func (c *Consumer) commit(b *batch) {
@@ -633,6 +701,8 @@ func (c *Consumer) commit(b *batch) {
 		}
 	}
 	for _, l := range b.fresh {
+		c.nextPos++
+		l.pos = c.nextPos
 		c.table[l.key] = l
 	}
 	c.ready = append(c.ready, b.fresh...)

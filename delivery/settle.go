@@ -100,6 +100,12 @@ func (c *Consumer) redeliver(ls []*lease) error {
 		msgs = append(msgs, c.copyOf(l))
 	}
 	var err error
+	// From the store until the leases are gone, Ready waits rather than count a copy twice.
+	c.moving.Add(1)
+	defer func() {
+		c.moved.Add(1)
+		c.moving.Add(-1)
+	}()
 	if len(msgs) > 0 {
 		ctx, cancel := context.WithTimeout(c.settleCtx, c.opts.StoreTimeout)
 		err = c.sendAll(ctx, msgs)

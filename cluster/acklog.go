@@ -75,16 +75,36 @@ type pendingAcks struct {
 	keys  []Key
 }
 
+// ownerAcks is what one owner settled within the window: the keys as read, in batches (16
+// bytes a key), and an index of them built at the first lookup. Lookups are rare (records of
+// another owner come back only after a handover), so most owners never get an index.
 type ownerAcks struct {
-	keys   map[Key]struct{}
-	order  []readKey // keys in the order read, for pruning
-	closed bool
-	last   time.Time // local time of the latest event of this owner read
+	batches []ackBatch
+	index   map[Key]struct{} // nil until a lookup needs it
+	closed  bool
+	last    time.Time // local time of the latest event of this owner read
 }
 
-type readKey struct {
-	at  time.Time
-	key Key
+type ackBatch struct {
+	at   time.Time
+	keys []Key
+}
+
+func (o *ownerAcks) has(k Key) bool {
+	if o.index == nil {
+		n := 0
+		for _, b := range o.batches {
+			n += len(b.keys)
+		}
+		o.index = make(map[Key]struct{}, n)
+		for _, b := range o.batches {
+			for _, k := range b.keys {
+				o.index[k] = struct{}{}
+			}
+		}
+	}
+	_, ok := o.index[k]
+	return ok
 }
 
 // maxBatch bounds the keys of one written event (about 24 bytes each).
@@ -166,11 +186,7 @@ func (a *AckLog) Settled(owner, key Key) bool {
 	if o == nil {
 		return false
 	}
-	if o.closed {
-		return true
-	}
-	_, ok := o.keys[key]
-	return ok
+	return o.closed || o.has(key)
 }
 
 // Sync returns once every settlement written (by any replica) before it is readable, and this
@@ -304,12 +320,16 @@ func (a *AckLog) prune() {
 			continue
 		}
 		i := 0
-		for i < len(o.order) && o.order[i].at.Before(cut) {
-			delete(o.keys, o.order[i].key)
+		for i < len(o.batches) && o.batches[i].at.Before(cut) {
+			if o.index != nil {
+				for _, k := range o.batches[i].keys {
+					delete(o.index, k)
+				}
+			}
 			i++
 		}
 		if i > 0 {
-			o.order = append(o.order[:0:0], o.order[i:]...)
+			o.batches = append(o.batches[:0:0], o.batches[i:]...)
 		}
 	}
 }
@@ -397,27 +417,29 @@ func (a *AckLog) apply(seq uint64, ev *ackEvent) {
 	}
 	o := a.owners[owner]
 	if o == nil {
-		o = &ownerAcks{keys: map[Key]struct{}{}}
+		o = &ownerAcks{}
 		a.owners[owner] = o
 	}
 	now := time.Now()
 	o.last = now
 	if ev.Closed {
 		o.closed = true
-		o.keys, o.order = nil, nil // everything of it is settled
+		o.batches, o.index = nil, nil // everything of it is settled
 		return
 	}
 	if o.closed {
 		return
 	}
+	b := ackBatch{at: now, keys: make([]Key, 0, len(ev.Keys))}
 	for _, s := range ev.Keys {
 		if k, ok := unb64(s); ok {
-			if _, dup := o.keys[k]; !dup {
-				o.keys[k] = struct{}{}
-				o.order = append(o.order, readKey{now, k})
+			b.keys = append(b.keys, k)
+			if o.index != nil {
+				o.index[k] = struct{}{}
 			}
 		}
 	}
+	o.batches = append(o.batches, b)
 }
 
 func b64(k Key) string { return base64.RawStdEncoding.EncodeToString(k[:]) }

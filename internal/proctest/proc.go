@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -120,6 +121,21 @@ func listening(line string) (listener, addr string, ok bool) {
 		return "", "", false
 	}
 	return rec.Listener, rec.Address, true
+}
+
+// RSS returns the process's resident memory in bytes, from /proc (0 when it cannot be read).
+func (p *Proc) RSS() float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb * 1024
+		}
+	}
+	return 0
 }
 
 // Name is the name the process was started with.

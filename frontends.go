@@ -50,7 +50,12 @@ func frontends() []proxy.FrontendFactory {
 				if hb == 0 {
 					hb = -1 // amqp091: negative disables heartbeats
 				}
+				var peers amqp091.Peers
+				if d.Peers != nil {
+					peers = d.Peers
+				}
 				return amqp091.New(amqp091.Options{
+					Peers:          peers,
 					Client:         d.Client,
 					Registry:       d.Registry,
 					Deliveries:     d.Deliveries,

@@ -12,7 +12,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
 	"github.com/kubemq-io/kubemq-proxy/cluster"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -53,10 +56,12 @@ func (p testPeers) Conn(addr string) (grpc.ClientConnInterface, error) { return 
 
 type replica struct {
 	*env
-	id      string
-	cluster *cluster.Cluster
-	m       *delivery.Manager
-	stop    func() // stops the front-end, then the lease engine, the peer port and the logs
+	id       string
+	secret   string
+	peerAddr string
+	cluster  *cluster.Cluster
+	m        *delivery.Manager
+	stop     func() // stops the front-end, then the lease engine, the peer port and the logs
 }
 
 // newReplicas starts n replicas on one KubeMQ, registry and cluster channel.
@@ -119,7 +124,7 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string) *repl
 		t.Fatal(err)
 	}
 	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id)}
-	r := &replica{env: e, id: id, cluster: c, m: m}
+	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, m: m}
 	e.start(func(o *Options) {
 		o.Deliveries = m
 		o.Peers = testPeers{c: c, p: peers}
@@ -444,5 +449,81 @@ func TestForwardedConsumerSurvivesHolderStop(t *testing.T) {
 	<-stopDone
 	if owner(t, rs[1:], "stop.q") != b {
 		t.Fatal("b should hold the queue now")
+	}
+}
+
+// The peer service refuses malformed links and calls with a clear status, and ignores
+// settlements of keys it never handed out.
+func TestPeerLinkBadInput(t *testing.T) {
+	rs := newReplicas(t, 1)
+	r := rs[0]
+	peers, err := cluster.NewPeers(cluster.PeerOptions{Secret: r.secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peers.Close()
+	conn, err := peers.Conn(r.peerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := peerpb.NewAMQPPeerClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	link := func(first *peerpb.LinkRequest) (peerpb.AMQPPeer_LinkClient, error) {
+		st, err := pc.Link(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(first); err != nil {
+			return nil, err
+		}
+		_, err = st.Recv()
+		return st, err
+	}
+	if _, err := link(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{Add: 1}}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a link without Open: %v, want InvalidArgument", err)
+	}
+	if _, err := link(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Open{Open: &peerpb.Open{Queue: &peerpb.QueueRef{Name: "x"}}}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("an Open without vhost and channel: %v, want InvalidArgument", err)
+	}
+	if _, err := pc.Queue(ctx, &peerpb.QueueRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a Queue call without a queue: %v, want InvalidArgument", err)
+	}
+	ref := &peerpb.QueueRef{Vhost: vhostKey(r.vhost), Name: "bad.q", Channel: queueChannel(vhostKey(r.vhost), "bad.q", 0)}
+	if _, err := pc.Queue(ctx, &peerpb.QueueRequest{Queue: ref, Op: 7}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("an unknown queue operation: %v, want InvalidArgument", err)
+	}
+	st, err := link(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Open{Open: &peerpb.Open{Queue: ref}}})
+	if err != nil {
+		t.Fatalf("a get link: %v", err)
+	}
+	// Unknown keys are ignored; a second Open ends the link.
+	if err := st.Send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Settle{Settle: &peerpb.Settle{Keys: []uint64{1, 99}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Get{Get: &peerpb.Get{}}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := st.Recv(); err != nil || resp.GetGetEmpty() == nil {
+		t.Fatalf("get of an empty queue: %v %v", resp, err)
+	}
+	if err := st.Send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Open{Open: &peerpb.Open{Queue: ref}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a second Open: %v, want InvalidArgument", err)
+	}
+	// Without the secret, nothing.
+	other, err := cluster.NewPeers(cluster.PeerOptions{Secret: "wrong"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	oc, err := other.Conn(r.peerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peerpb.NewAMQPPeerClient(oc).Queue(ctx, &peerpb.QueueRequest{Queue: ref}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a call without the secret: %v, want Unauthenticated", err)
 	}
 }

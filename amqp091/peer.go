@@ -27,7 +27,7 @@ import (
 // RabbitMQ channel closes.
 
 // maxLinkCredit bounds the credit another replica may grant one link.
-const maxLinkCredit = 1 << 20
+const maxLinkCredit = 1 << 16
 
 // drainWait bounds how long Shutdown waits for other replicas to settle
 // what their links have out before it ends the links.

@@ -176,8 +176,12 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 	// last settlements, then ends the link (close).
 	ctx, end := context.WithCancel(context.Background())
 	open := &peerpb.Open{Queue: q.ref()}
+	credit := 0
 	if cs != nil {
-		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority = true, cs.tag, cs.exclusive, cs.priority
+		ch.dmu.Lock()
+		credit = cs.creditLocked()
+		ch.dmu.Unlock()
+		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer
 	stream, err := pc.Link(ctx)
@@ -202,7 +206,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		}
 		return nil, err
 	}
-	l := &fwdLink{s: s, ch: ch, q: q, cs: cs, stream: stream, end: end, finished: make(chan struct{})}
+	l := &fwdLink{s: s, ch: ch, q: q, cs: cs, stream: stream, end: end, finished: make(chan struct{}), inflight: credit}
 	ch.dmu.Lock()
 	if ch.stopped {
 		ch.dmu.Unlock()

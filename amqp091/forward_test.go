@@ -527,3 +527,88 @@ func TestPeerLinkBadInput(t *testing.T) {
 		t.Fatalf("a call without the secret: %v, want Unauthenticated", err)
 	}
 }
+
+// Consumer priorities hold across replicas; a forwarded consumer's client settles what it holds
+// after basic.cancel (ack, reject without requeue, recover), and a queue deleted through the
+// holder cancels the forwarded consumer with basic.cancel.
+func TestForwardedPrioritiesCancelDelete(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := a.channel(a.dial())
+	if _, err := cha.QueueDeclare("prio.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cha.Qos(50, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	da, err := cha.Consume("prio.q", "low", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, "prio.q") != a {
+		t.Fatal("a should hold the queue")
+	}
+	chb := b.channel(b.dial())
+	if err := chb.Qos(50, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	db, err := chb.Consume("prio.q", "high", false, false, false, false, amqp.Table{"x-priority": int32(10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, a.channel(a.dial()), "prio.q", 0, 20)
+	var held []amqp.Delivery
+	for range 20 {
+		held = append(held, mustRecv(t, db, "delivery to the higher priority"))
+	}
+	select {
+	case d := <-da:
+		t.Fatalf("the lower-priority consumer got %s while the higher one had credit", d.MessageId)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := chb.Cancel("high", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := held[9].Ack(true); err != nil { // 0..9
+		t.Fatal(err)
+	}
+	if err := held[10].Reject(false); err != nil { // gone
+		t.Fatal(err)
+	}
+	if err := chb.Recover(true); err != nil { // 11..19 back, to a's consumer
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for range 9 {
+		d := mustRecv(t, da, "recovered delivery")
+		if !d.Redelivered {
+			t.Fatalf("recovered %s not marked redelivered", d.MessageId)
+		}
+		got[d.MessageId] = true
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 11; i < 20; i++ {
+		if !got[strconv.Itoa(i)] {
+			t.Fatalf("recovered %v, want 11..19", got)
+		}
+	}
+	select {
+	case d := <-da:
+		t.Fatalf("%s came again after it was acked or rejected", d.MessageId)
+	case <-time.After(500 * time.Millisecond):
+	}
+	// A new forwarded consumer is cancelled when the queue is deleted through the holder.
+	chb2 := b.channel(b.dial())
+	cancels := chb2.NotifyCancel(make(chan string, 1))
+	if _, err := chb2.Consume("prio.q", "doomed", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cha.QueueDelete("prio.q", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if tag := mustRecv(t, cancels, "basic.cancel of the forwarded consumer"); tag != "doomed" {
+		t.Fatalf("cancelled %q", tag)
+	}
+}

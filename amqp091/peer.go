@@ -216,6 +216,9 @@ func (l *peerLink) register(open *peerpb.Open) error {
 	}
 	cs.d = q.disp
 	l.cs = cs
+	l.mu.Lock()
+	l.credit = min(int(open.Credit), maxLinkCredit)
+	l.mu.Unlock()
 	cs.d.add(cs)
 	return nil
 }

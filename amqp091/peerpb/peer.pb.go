@@ -313,10 +313,13 @@ type Open struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Queue *QueueRef              `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	// consume: this link is an AMQP consumer; otherwise it serves basic.get.
-	Consume       bool   `protobuf:"varint,2,opt,name=consume,proto3" json:"consume,omitempty"`
-	ConsumerTag   string `protobuf:"bytes,3,opt,name=consumer_tag,json=consumerTag,proto3" json:"consumer_tag,omitempty"`
-	Exclusive     bool   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
-	Priority      int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	Consume     bool   `protobuf:"varint,2,opt,name=consume,proto3" json:"consume,omitempty"`
+	ConsumerTag string `protobuf:"bytes,3,opt,name=consumer_tag,json=consumerTag,proto3" json:"consumer_tag,omitempty"`
+	Exclusive   bool   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
+	Priority    int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// credit: deliveries the caller may take at once (more come as Credit),
+	// so the consumer has its share from the moment it is registered.
+	Credit        uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -382,6 +385,13 @@ func (x *Open) GetExclusive() bool {
 func (x *Open) GetPriority() int64 {
 	if x != nil {
 		return x.Priority
+	}
+	return 0
+}
+
+func (x *Open) GetCredit() uint32 {
+	if x != nil {
+		return x.Credit
 	}
 	return 0
 }
@@ -992,13 +1002,14 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\xb7\x01\n" +
+	"\x04kind\"\xcf\x01\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
 	"\fconsumer_tag\x18\x03 \x01(\tR\vconsumerTag\x12\x1c\n" +
 	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x1a\n" +
-	"\bpriority\x18\x05 \x01(\x03R\bpriority\"\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
+	"\x06credit\x18\x06 \x01(\rR\x06credit\"\x1a\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\"m\n" +
 	"\x06Settle\x123\n" +

@@ -60,6 +60,7 @@ type channel struct {
 	globalPrefetch uint16                // basic.qos global=true: limit for the whole channel
 	stopped        bool                  // no more deliveries (closing)
 	links          map[*fwdLink]struct{} // open links to other replicas (forward.go)
+	fwdInflight    int                   // credit the links granted and the holders have not used
 
 	confirms confirmTracker
 

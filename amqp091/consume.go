@@ -438,7 +438,8 @@ func (cs *consumer) creditLocked() int {
 		n = min(n, int(cs.prefetch)-cs.outstanding)
 	}
 	if g := cs.ch.globalPrefetch; g > 0 {
-		n = min(n, int(g)-len(cs.ch.unacked))
+		// Credit granted to the channel's forwarded consumers is taken.
+		n = min(n, int(g)-len(cs.ch.unacked)-cs.ch.fwdInflight)
 	}
 	return max(n, 0)
 }

@@ -179,7 +179,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 	credit := 0
 	if cs != nil {
 		ch.dmu.Lock()
-		credit = cs.creditLocked()
+		credit = max(creditFor(cs, 0), 0)
 		ch.dmu.Unlock()
 		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
 	}
@@ -213,6 +213,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		end()
 		return nil, errShutdown()
 	}
+	ch.fwdInflight += credit
 	ch.links[l] = struct{}{}
 	ch.dmu.Unlock()
 	return l, nil
@@ -245,7 +246,7 @@ func (l *fwdLink) grant() {
 		ch.dmu.Unlock()
 		return
 	}
-	want := cs.creditLocked() - l.inflight
+	want := creditFor(cs, l.inflight)
 	window := fetchBatch
 	if !cs.noAck && cs.prefetch > 0 {
 		window = min(window, int(cs.prefetch))
@@ -255,8 +256,27 @@ func (l *fwdLink) grant() {
 		return
 	}
 	l.inflight += want
+	ch.fwdInflight += want
 	ch.dmu.Unlock()
 	_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{Add: uint32(want)}}})
+}
+
+// creditFor is how much more credit a forwarded consumer's link may grant
+// when inflight is already granted and unused: the local consumer's rule
+// (creditLocked), counting what is granted as held. Under ch.dmu.
+func creditFor(cs *consumer, inflight int) int {
+	ch := cs.ch
+	n := fetchBatch - inflight
+	if cs.noAck {
+		return n
+	}
+	if cs.prefetch > 0 {
+		n = min(n, int(cs.prefetch)-cs.outstanding-inflight)
+	}
+	if g := ch.globalPrefetch; g > 0 {
+		n = min(n, int(g)-len(ch.unacked)-ch.fwdInflight)
+	}
+	return n
 }
 
 // cancel tells the holder the consumer was cancelled and waits (at most
@@ -299,6 +319,8 @@ func (l *fwdLink) close() {
 		return
 	}
 	l.closed = true
+	l.ch.fwdInflight -= l.inflight
+	l.inflight = 0
 	delete(l.ch.links, l)
 	l.ch.dmu.Unlock()
 	l.smu.Lock()
@@ -333,8 +355,11 @@ func (l *fwdLink) deliver(d *peerpb.Delivery) {
 	cs, ch := l.cs, l.ch
 	exchange, key, props := decodeMessage(cs.q.name, d.Metadata, d.Tags)
 	ch.dmu.Lock()
-	l.inflight = max(l.inflight-1, 0)
-	if cs.stopped || ch.stopped || cs.fwd != l {
+	if l.inflight > 0 {
+		l.inflight--
+		ch.fwdInflight--
+	}
+	if cs.stopped || ch.stopped || cs.fwd != l || l.closed {
 		ch.dmu.Unlock()
 		l.settle(peerpb.Settle_REQUEUE, d.Key)
 		return

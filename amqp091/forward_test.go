@@ -612,3 +612,78 @@ func TestForwardedPrioritiesCancelDelete(t *testing.T) {
 		t.Fatalf("cancelled %q", tag)
 	}
 }
+
+// A channel-wide prefetch (global qos) bounds all of a channel's forwarded consumers together;
+// consumer counts through either replica include the other's consumers.
+func TestForwardedGlobalPrefetchAndCounts(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ca := a.dial()
+	cha := a.channel(ca)
+	if _, err := cha.QueueDeclare("glob.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// a holds the queue through a basic.get (its channel keeps the hold).
+	if _, ok, err := cha.Get("glob.q", false); ok || err != nil {
+		t.Fatalf("get of the empty queue: %v %v", ok, err)
+	}
+	if owner(t, rs, "glob.q") != a {
+		t.Fatal("a should hold the queue")
+	}
+	chb := b.channel(b.dial())
+	if err := chb.Qos(3, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	d1, err := chb.Consume("glob.q", "c1", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := chb.Consume("glob.q", "c2", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, a.channel(ca), "glob.q", 0, 10)
+	var held []amqp.Delivery
+	timeout := time.After(time.Second)
+collect:
+	for {
+		select {
+		case d := <-d1:
+			held = append(held, d)
+		case d := <-d2:
+			held = append(held, d)
+		case <-timeout:
+			break collect
+		}
+	}
+	if len(held) != 3 {
+		t.Fatalf("a channel with global prefetch 3 holds %d deliveries of two forwarded consumers", len(held))
+	}
+	for _, r := range []*replica{a, b} {
+		q, err := r.channel(r.dial()).QueueDeclarePassive("glob.q", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Consumers != 2 || q.Messages != 7 {
+			t.Fatalf("passive declare through %s: %d consumers, %d messages; want 2 and 7", r.id, q.Consumers, q.Messages)
+		}
+	}
+	if _, err := a.channel(ca).QueueDelete("glob.q", true, false, false); amqpCode(err) != amqp.PreconditionFailed {
+		t.Fatalf("delete if-unused through the holder while b consumes: %v, want 406", err)
+	}
+	for _, d := range held {
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		select {
+		case d := <-d1:
+			_ = d.Ack(false)
+		case d := <-d2:
+			_ = d.Ack(false)
+		case <-time.After(15 * time.Second):
+			t.Fatal("no delivery after the acks freed the channel's prefetch")
+		}
+	}
+}

@@ -99,6 +99,24 @@ func (s *Server) peerQueue(ref *peerpb.QueueRef) (q *queue, release func()) {
 	}
 }
 
+// peerConsumers counts the consumers of the queue ref names here, other
+// replicas' included.
+func (s *Server) peerConsumers(ref *peerpb.QueueRef) int {
+	q := s.top.vhost(ref.Vhost).lookupQueue(ref.Name)
+	if q == nil || q.channel != ref.Channel {
+		s.mu.Lock()
+		st := s.standIns[ref.Channel]
+		s.mu.Unlock()
+		if st == nil {
+			return 0
+		}
+		q = st.q
+	}
+	q.vh.mu.Lock()
+	defer q.vh.mu.Unlock()
+	return len(q.consumers)
+}
+
 // standIn is a queue another replica's links use that this replica's
 // topology does not hold. Guarded by Server.mu.
 type standIn struct {
@@ -485,7 +503,7 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
 		}
-		return &peerpb.QueueResponse{Count: n, Known: known}, nil
+		return &peerpb.QueueResponse{Count: n, Known: known, Consumers: uint32(s.peerConsumers(req.Queue))}, nil
 	case peerpb.QueueRequest_PURGE:
 		n, err := s.localPurge(ctx, ch)
 		if err != nil {

@@ -447,10 +447,22 @@ func (s *Server) waiting(ctx context.Context, ch string) (n uint32, known bool, 
 // delivery.Manager.Ready). known is false when KubeMQ cannot count q. The
 // replica that holds q counts it (its buffer is part of the count).
 func (s *Server) readyCount(ctx context.Context, q *queue) (n uint32, known bool, err error) {
+	n, known, _, err = s.counts(ctx, q)
+	return n, known, err
+}
+
+// counts is readyCount with q's consumer count: this replica's, or, when
+// another replica holds q, the holder's (which includes the consumers this
+// one forwarded to it).
+func (s *Server) counts(ctx context.Context, q *queue) (n uint32, known bool, consumers int, err error) {
+	q.vh.mu.Lock()
+	consumers = len(q.consumers)
+	q.vh.mu.Unlock()
 	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT); ok {
-		return r.Count, r.Known, nil
+		return r.Count, r.Known, max(consumers, int(r.Consumers)), nil
 	}
-	return s.localReadyCount(ctx, q.channel)
+	n, known, err = s.localReadyCount(ctx, q.channel)
+	return n, known, consumers, err
 }
 
 // localReadyCount is readyCount for KubeMQ channel ch by this replica.

@@ -935,9 +935,12 @@ func (x *QueueRequest) GetOp() QueueRequest_Op {
 }
 
 type QueueResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Count         uint32                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
-	Known         bool                   `protobuf:"varint,2,opt,name=known,proto3" json:"known,omitempty"` // false when KubeMQ cannot count the queue
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Count uint32                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	Known bool                   `protobuf:"varint,2,opt,name=known,proto3" json:"known,omitempty"` // false when KubeMQ cannot count the queue
+	// consumers: the queue's consumers on the holder, those forwarded to it
+	// included (COUNT).
+	Consumers     uint32 `protobuf:"varint,3,opt,name=consumers,proto3" json:"consumers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -984,6 +987,13 @@ func (x *QueueResponse) GetKnown() bool {
 		return x.Known
 	}
 	return false
+}
+
+func (x *QueueResponse) GetConsumers() uint32 {
+	if x != nil {
+		return x.Consumers
+	}
+	return 0
 }
 
 var File_peer_proto protoreflect.FileDescriptor
@@ -1046,10 +1056,11 @@ const file_peer_proto_rawDesc = "" +
 	"\x02op\x18\x02 \x01(\x0e2).kubemqproxy.amqp.peer.v1.QueueRequest.OpR\x02op\"\x1a\n" +
 	"\x02Op\x12\t\n" +
 	"\x05COUNT\x10\x00\x12\t\n" +
-	"\x05PURGE\x10\x01\";\n" +
+	"\x05PURGE\x10\x01\"Y\n" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
-	"\x05known\x18\x02 \x01(\bR\x05known2\xbf\x01\n" +
+	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +
+	"\tconsumers\x18\x03 \x01(\rR\tconsumers2\xbf\x01\n" +
 	"\bAMQPPeer\x12Y\n" +
 	"\x04Link\x12%.kubemqproxy.amqp.peer.v1.LinkRequest\x1a&.kubemqproxy.amqp.peer.v1.LinkResponse(\x010\x01\x12X\n" +
 	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"

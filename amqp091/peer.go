@@ -58,6 +58,7 @@ type peerLink struct {
 	nextKey uint64
 	out     map[uint64]*delivery.Delivery // delivered and not settled, by key
 	sendq   []*peerpb.LinkResponse
+	ended   bool // finish ran: nothing may be added to out
 }
 
 // errPeerMoved: the queue is not held here (any more); the other replica resolves the holder anew.
@@ -422,6 +423,11 @@ func (l *peerLink) get() error {
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)
 	}
 	l.mu.Lock()
+	if l.ended { // the link ended meanwhile: the message goes back
+		l.mu.Unlock()
+		l.h.Unfetch(d)
+		return nil
+	}
 	l.nextKey++
 	l.out[l.nextKey] = d
 	l.sendq = append(l.sendq, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{
@@ -437,6 +443,7 @@ func (l *peerLink) get() error {
 func (l *peerLink) finish() {
 	l.stopConsumer()
 	l.mu.Lock()
+	l.ended = true
 	ids := make([]string, 0, len(l.out))
 	for k, d := range l.out {
 		ids = append(ids, d.LeaseID)

@@ -61,6 +61,7 @@ type channel struct {
 	stopped        bool                  // no more deliveries (closing)
 	links          map[*fwdLink]struct{} // open links to other replicas (forward.go)
 	fwdInflight    int                   // credit the links granted and the holders have not used
+	voided         int                   // void entries of unacked (forward.go)
 
 	confirms confirmTracker
 
@@ -76,6 +77,7 @@ type unacked struct {
 	h      *delivery.Handle
 	fwd    *fwdLink  // a forwarded delivery's link (forward.go); nil for a local one
 	key    uint64    // a forwarded delivery's key on fwd
+	void   bool      // fwd broke: the delivery comes again; it no longer counts against prefetch (guarded by dmu)
 	cons   *consumer // nil for basic.get
 	queue  *queue
 	tag    uint64

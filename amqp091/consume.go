@@ -439,7 +439,7 @@ func (cs *consumer) creditLocked() int {
 	}
 	if g := cs.ch.globalPrefetch; g > 0 {
 		// Credit granted to the channel's forwarded consumers is taken.
-		n = min(n, int(g)-len(cs.ch.unacked)-cs.ch.fwdInflight)
+		n = min(n, int(g)-(len(cs.ch.unacked)-cs.ch.voided)-cs.ch.fwdInflight)
 	}
 	return max(n, 0)
 }
@@ -592,7 +592,10 @@ func (ch *channel) take(tag uint64, multiple bool) ([]*unacked, error) {
 	}
 	for _, u := range out {
 		delete(ch.unacked, u.tag)
-		if u.cons != nil {
+		switch {
+		case u.void:
+			ch.voided--
+		case u.cons != nil:
 			u.cons.outstanding--
 		}
 		if u.fwd != nil {
@@ -628,7 +631,10 @@ func (ch *channel) restore(us []*unacked) {
 	for _, u := range us {
 		ch.unacked[u.tag] = u
 		ch.order = append(ch.order, u.tag)
-		if u.cons != nil {
+		switch {
+		case u.void:
+			ch.voided++
+		case u.cons != nil:
 			u.cons.outstanding++
 		}
 		if u.fwd != nil {

@@ -274,7 +274,7 @@ func creditFor(cs *consumer, inflight int) int {
 		n = min(n, int(cs.prefetch)-cs.outstanding-inflight)
 	}
 	if g := ch.globalPrefetch; g > 0 {
-		n = min(n, int(g)-len(ch.unacked)-ch.fwdInflight)
+		n = min(n, int(g)-(len(ch.unacked)-ch.voided)-ch.fwdInflight)
 	}
 	return n
 }
@@ -340,6 +340,28 @@ func (l *fwdLink) close() {
 				}
 			}
 		}()
+	}
+}
+
+// void marks the client's deliveries of l, whose link broke, as void: the
+// holder gives them back to the queue (or its lease records do), so they
+// come again; they no longer count against the consumer's prefetch, and
+// their settlements go nowhere (tags stay valid, as the client holds them).
+func (l *fwdLink) void() {
+	ch := l.ch
+	ch.dmu.Lock()
+	defer ch.dmu.Unlock()
+	if l.held == 0 {
+		return
+	}
+	for _, u := range ch.unacked {
+		if u.fwd == l && !u.void {
+			u.void = true
+			ch.voided++
+			if u.cons != nil {
+				u.cons.outstanding--
+			}
+		}
 	}
 }
 
@@ -431,6 +453,7 @@ func (s *Server) forward(cs *consumer, l *fwdLink, done <-chan struct{}) {
 				return
 			}
 			s.log.Debug("forwarded consumer's link ended", zap.String("queue", q.name), zap.String("tag", cs.tag), zap.Error(err))
+			l.void()
 			l = nil
 		}
 		select {

@@ -60,6 +60,7 @@ type replica struct {
 	secret   string
 	peerAddr string
 	cluster  *cluster.Cluster
+	peers    *cluster.Peers
 	m        *delivery.Manager
 	stop     func() // stops the front-end, then the lease engine, the peer port and the logs
 }
@@ -124,7 +125,7 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string) *repl
 		t.Fatal(err)
 	}
 	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id)}
-	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, m: m}
+	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
 	e.start(func(o *Options) {
 		o.Deliveries = m
 		o.Peers = testPeers{c: c, p: peers}
@@ -685,5 +686,54 @@ collect:
 		case <-time.After(15 * time.Second):
 			t.Fatal("no delivery after the acks freed the channel's prefetch")
 		}
+	}
+}
+
+// A link that breaks (the forwarding replica died, or lost its connection to the holder) gives
+// what it had out back to the queue, redelivered; the forwarding replica's consumer links again.
+func TestBrokenLinkRequeues(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := a.channel(a.dial())
+	if _, err := cha.QueueDeclare("broken.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := cha.Get("broken.q", false); ok || err != nil { // a holds the queue
+		t.Fatalf("get of the empty queue: %v %v", ok, err)
+	}
+	if owner(t, rs, "broken.q") != a {
+		t.Fatal("a should hold the queue")
+	}
+	chb := b.channel(b.dial())
+	if err := chb.Qos(3, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	db, err := chb.Consume("broken.q", "cb", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, a.channel(a.dial()), "broken.q", 0, 3)
+	for range 3 {
+		if d := mustRecv(t, db, "before the break"); d.Redelivered {
+			t.Fatalf("%s redelivered before the break", d.MessageId)
+		}
+	}
+	b.peers.Close() // every stream to a breaks
+	// The client's acks of those deliveries are void now; the holder requeued them and the
+	// consumer, linked again, gets them once more.
+	got := map[string]bool{}
+	for len(got) < 3 {
+		d := mustRecv(t, db, "after the break")
+		if !d.Redelivered {
+			t.Fatalf("%s not marked redelivered after the break", d.MessageId)
+		}
+		got[d.MessageId] = true
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := cha.QueueDeclarePassive("broken.q", true, false, false, false, nil)
+	if err != nil || q.Messages != 0 || q.Consumers != 1 {
+		t.Fatalf("after the acks: %+v %v, want 0 messages and 1 consumer", q, err)
 	}
 }

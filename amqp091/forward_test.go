@@ -11,6 +11,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	streadway "github.com/streadway/amqp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -735,5 +736,63 @@ func TestBrokenLinkRequeues(t *testing.T) {
 	q, err := cha.QueueDeclarePassive("broken.q", true, false, false, false, nil)
 	if err != nil || q.Messages != 0 || q.Consumers != 1 {
 		t.Fatalf("after the acks: %+v %v, want 0 messages and 1 consumer", q, err)
+	}
+}
+
+// streadway/amqp, the older Go client, consumes through a forwarding replica the same way.
+func TestForwardedStreadway(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := a.channel(a.dial())
+	if _, err := cha.QueueDeclare("sw.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := cha.Get("sw.q", false); ok || err != nil { // a holds the queue
+		t.Fatalf("get of the empty queue: %v %v", ok, err)
+	}
+	if owner(t, rs, "sw.q") != a {
+		t.Fatal("a should hold the queue")
+	}
+	c, err := streadway.Dial(b.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume("sw.q", "sw", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, a.channel(a.dial()), "sw.q", 0, 30)
+	seen := map[string]int{}
+	requeued := false
+	for len(seen) < 30 {
+		d := mustRecv(t, ds, "streadway delivery")
+		seen[d.MessageId]++
+		if d.MessageId == "5" && !requeued {
+			requeued = true
+			if err := d.Nack(false, true); err != nil {
+				t.Fatal(err)
+			}
+			delete(seen, "5")
+			continue
+		}
+		if d.MessageId == "5" && !d.Redelivered {
+			t.Fatal("requeued message 5 not marked redelivered")
+		}
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("message %s acked %d times", id, n)
+		}
 	}
 }

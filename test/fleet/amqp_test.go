@@ -225,7 +225,13 @@ func TestAMQPFleet(t *testing.T) {
 
 // TestAMQPFleetKill: the replica that holds the queue is killed (-9) mid-run and started
 // again: nothing is lost.
-func TestAMQPFleetKill(t *testing.T) {
+func TestAMQPFleetKill(t *testing.T) { amqpKill(t, 0, "the holder") }
+
+// TestAMQPFleetKillForwarder: a replica that forwards its consumer to the holder is killed (-9)
+// mid-run and started again: the holder puts back what the link had out; nothing is lost.
+func TestAMQPFleetKillForwarder(t *testing.T) { amqpKill(t, 1, "a forwarder") }
+
+func amqpKill(t *testing.T, victimIndex int, what string) {
 	f := newFleet(t, 3)
 	q := f.setupAMQP(t)
 	l := newLedger()
@@ -233,7 +239,7 @@ func TestAMQPFleetKill(t *testing.T) {
 	var wg sync.WaitGroup
 	f.startConsumers(ctx, t, &wg, q, l, -1)
 	n := messages(t)
-	victim := f.replicas[0]
+	victim := f.replicas[victimIndex]
 	var killed time.Time
 	ids := f.publishAMQP(t, q, n, func() {
 		l.mark()
@@ -247,8 +253,8 @@ func TestAMQPFleetKill(t *testing.T) {
 	cancel()
 	wg.Wait()
 	dups, afterAck, split := l.report(t, ids)
-	t.Logf("FLEET amqp kill -9: %d messages, %d duplicates (%d of acked messages), longest pause in deliveries after the kill %v, all delivered %v after it, per replica:%s",
-		n, dups, afterAck, l.gap().Round(time.Millisecond), l.lastAt().Sub(killed).Round(time.Millisecond), split)
+	t.Logf("FLEET amqp kill -9 of %s: %d messages, %d duplicates (%d of acked messages), longest pause in deliveries after the kill %v, all delivered %v after it, per replica:%s",
+		what, n, dups, afterAck, l.gap().Round(time.Millisecond), l.lastAt().Sub(killed).Round(time.Millisecond), split)
 	f.checkProblems()
 }
 

@@ -151,13 +151,8 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	defer release()
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	go func() { // the link ends with the server
-		select {
-		case <-s.ctx.Done():
-			cancel(errPeerMoved)
-		case <-ctx.Done():
-		}
-	}()
+	stop := context.AfterFunc(s.ctx, func() { cancel(errPeerMoved) }) // the link ends with the server
+	defer stop()
 	h, err := s.deliveries.Acquire(ctx, q.channel)
 	switch {
 	case errors.Is(err, delivery.ErrNotOwner), errors.Is(err, delivery.ErrClosed):

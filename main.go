@@ -31,6 +31,9 @@ import (
 // exitConfig is the exit code for a bad configuration.
 const exitConfig = 2
 
+// errVersion: --version was given.
+var errVersion = errors.New("version asked for")
+
 func main() {
 	args := os.Args[1:]
 	mode := "proxy"
@@ -47,6 +50,10 @@ func main() {
 	}
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		if errors.Is(err, errVersion) {
+			fmt.Println(version())
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", err)
@@ -191,11 +198,17 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 	v := viper.New()
 	fs := pflag.NewFlagSet("kubemq-proxy", pflag.ContinueOnError)
 	configFile := fs.String("config", "", "config file (default ./config.yaml when it exists)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := addFlags(fs, v, "", reflect.ValueOf(def)); err != nil {
 		return def, err
 	}
+	describeFlags(fs)
+	fs.Usage = func() { printUsage(os.Stdout, fs) }
 	if err := fs.Parse(args); err != nil {
 		return def, err
+	}
+	if *showVersion {
+		return def, errVersion
 	}
 	if fs.NArg() > 0 {
 		return def, fmt.Errorf("unexpected argument %q", fs.Arg(0))

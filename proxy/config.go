@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -330,6 +331,11 @@ func checkHostPort(s string) error {
 	}
 	if port == "" {
 		return errors.New("missing port")
+	}
+	// A numeric port: a service name would be looked up only when the listener opens, and
+	// fail there instead of here.
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || port != strconv.FormatUint(n, 10) {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
 	}
 	return nil
 }

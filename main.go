@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -243,6 +244,7 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 	cfg := def
 	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			jsonStringToMap,
 			mapstructure.StringToTimeDurationHookFunc(),
 			mapstructure.StringToSliceHookFunc(","),
 		)
@@ -251,6 +253,23 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 		return def, err
 	}
 	return cfg, cfg.Validate()
+}
+
+// jsonStringToMap decodes a map-valued key given as a string (an environment variable such as
+// KUBEMQ_PROXY_AMQP_USERS='{"alice":"pw"}') as a JSON object.
+func jsonStringToMap(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to.Kind() != reflect.Map {
+		return data, nil
+	}
+	s := strings.TrimSpace(data.(string))
+	if s == "" {
+		return map[string]string{}, nil
+	}
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("expected a JSON object of strings, e.g. {\"alice\":\"secret\"}: %v", err)
+	}
+	return m, nil
 }
 
 // envKey maps an environment suffix such as GCP_LISTEN or AMQP_TLS_LISTEN

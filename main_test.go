@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
 
@@ -106,5 +109,38 @@ func TestExitCode2(t *testing.T) {
 		if len(lines) != 1 || !strings.Contains(lines[0], c.key) {
 			t.Fatalf("%s: want one error line naming %s, got %q", name, c.key, out)
 		}
+	}
+}
+
+// Every flag has a description (taken from the comment above its key in config.yaml), and
+// --version and --help are answered without starting anything.
+func TestFlagHelp(t *testing.T) {
+	def := proxy.Defaults()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	if err := addFlags(fs, viper.New(), "", reflect.ValueOf(def)); err != nil {
+		t.Fatal(err)
+	}
+	describeFlags(fs)
+	n := 0
+	fs.VisitAll(func(f *pflag.Flag) {
+		n++
+		if strings.TrimSpace(f.Usage) == "" {
+			t.Errorf("flag --%s has no description: document its key in config.yaml", f.Name)
+		}
+	})
+	if n < 40 {
+		t.Fatalf("only %d flags", n)
+	}
+	if h := keyHelp(configYAML)["gcp.listen"]; !strings.Contains(h, "Pub/Sub") {
+		t.Errorf("gcp.listen help = %q", h)
+	}
+	if _, err := loadConfig([]string{"--version"}, nil); !errors.Is(err, errVersion) {
+		t.Errorf("--version: %v", err)
+	}
+	if _, err := loadConfig([]string{"--gcp.listen", "nothost:abc"}, nil); err == nil || !strings.Contains(err.Error(), "gcp.listen") {
+		t.Errorf("a listen address with a named port: %v", err)
+	}
+	if v := version(); !strings.HasPrefix(v, "kubemq-proxy ") {
+		t.Errorf("version() = %q", v)
 	}
 }

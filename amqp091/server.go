@@ -43,8 +43,13 @@ type Options struct {
 	// ChannelMax proposed in connection.tune; default 2047.
 	ChannelMax int
 	// Users maps user names to passwords, plain or "sha256:<hex>". Empty
-	// accepts any credentials.
+	// accepts any credentials, from loopback peers only unless
+	// OpenLoginsFromAnywhere (RabbitMQ's rule for its default guest user).
 	Users map[string]string
+	// OpenLoginsFromAnywhere accepts any credentials from any address when
+	// Users is empty; off, such logins are refused (403) unless the peer is
+	// on a loopback address.
+	OpenLoginsFromAnywhere bool
 	// External offers SASL EXTERNAL to TLS peers whose client certificate
 	// the listener verified: the certificate's CN is the user, which must
 	// be in Users when Users is set (RabbitMQ's rabbitmq_auth_mechanism_ssl

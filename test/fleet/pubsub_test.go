@@ -180,14 +180,25 @@ func receiveOn(ctx context.Context, t testing.TB, wg *sync.WaitGroup, r *replica
 // setupPubSub creates a topic and a subscription through the first replica.
 func (f *fleet) setupPubSub(t testing.TB) (topic, sub string) {
 	t.Helper()
+	return f.setupSub(t, "fleet-"+f.suffix, nil)
+}
+
+// setupSub creates a topic and a subscription named id through the first replica; edit, if
+// set, adjusts the subscription before it is created.
+func (f *fleet) setupSub(t testing.TB, id string, edit func(*pubsubpb.Subscription)) (topic, sub string) {
+	t.Helper()
 	c := f.replicas[0].pubsub(t)
-	topic, sub = "projects/"+project+"/topics/fleet-"+f.suffix, "projects/"+project+"/subscriptions/fleet-"+f.suffix
+	topic, sub = "projects/"+project+"/topics/"+id, "projects/"+project+"/subscriptions/"+id
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: sub, Topic: topic, AckDeadlineSeconds: 20}); err != nil {
+	s := &pubsubpb.Subscription{Name: sub, Topic: topic, AckDeadlineSeconds: 20}
+	if edit != nil {
+		edit(s)
+	}
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	return topic, sub

@@ -21,8 +21,14 @@ func (r *replica) amqpURL() string { return "amqp://guest:guest@" + r.amqp + "/"
 // replica knows it (the registry).
 func (f *fleet) setupAMQP(t testing.TB) string {
 	t.Helper()
-	q := "fleet-" + f.suffix
-	c, err := amqp.Dial(f.replicas[0].amqpURL())
+	return f.declareQueue(t, "fleet-"+f.suffix, f.replicas)
+}
+
+// declareQueue declares durable queue q through the first of rs and waits until every other
+// one knows it.
+func (f *fleet) declareQueue(t testing.TB, q string, rs []*replica) string {
+	t.Helper()
+	c, err := amqp.Dial(rs[0].amqpURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +40,7 @@ func (f *fleet) setupAMQP(t testing.TB) string {
 	if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range f.replicas[1:] {
+	for _, r := range rs[1:] {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			err := func() error {

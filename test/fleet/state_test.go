@@ -58,8 +58,8 @@ func (f *fleet) subQueue(t testing.TB, sub string) string {
 	return ""
 }
 
-// holder waits until exactly one running replica consumes KubeMQ queue q (its delivery
-// engine has a consumer of it), and returns it.
+// holder waits until exactly one running replica consumes the KubeMQ queue whose name is or
+// ends with q (its delivery engine has a consumer of it), and returns it.
 func (f *fleet) holder(t testing.TB, q string, d time.Duration) *replica {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -70,7 +70,7 @@ func (f *fleet) holder(t testing.TB, q string, d time.Duration) *replica {
 				continue
 			}
 			for _, s := range r.state(t).Queues {
-				if s.Queue == q {
+				if strings.HasSuffix(s.Queue, q) {
 					hs = append(hs, r)
 				}
 			}

@@ -192,6 +192,7 @@ func orderedRun(t *testing.T, stop bool) {
 			receiveOrdered(ctx, t, &wg, r, sub, k)
 		}
 	}
+	start := time.Now()
 	var fault func()
 	if stop {
 		if victim == f.replicas[len(f.replicas)-1] {
@@ -201,17 +202,19 @@ func orderedRun(t *testing.T, stop bool) {
 			// A pod stops: its application's subscriber first, then the sidecar.
 			vcancel()
 			vwg.Wait()
+			t.Logf("%s's subscriber ended %v after the first publish", victim.name, time.Since(start).Round(time.Millisecond))
 			if err := victim.p.Stop(30 * time.Second); err != nil {
 				t.Errorf("%s: %v", victim.name, err)
 			}
-			t.Logf("%s (not the holder %s) stopped", victim.name, h.name)
+			t.Logf("%s (not the holder %s) stopped %v after the first publish", victim.name, h.name, time.Since(start).Round(time.Millisecond))
 		}
 	}
 	n := messages(t) / 4
-	start := time.Now()
 	want := f.publishOrdered(t, topic, n, fault)
+	published := time.Since(start)
 	k.waitDone(t, want, 5*time.Minute)
 	took := time.Since(start)
+	t.Logf("published in %v, all delivered in order %v after the first publish", published.Round(time.Millisecond), took.Round(time.Millisecond))
 	// A late redelivery would restart a key: it must then go on to the key's end again.
 	time.Sleep(10 * time.Second)
 	k.waitDone(t, want, time.Minute)

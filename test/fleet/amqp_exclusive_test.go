@@ -34,9 +34,6 @@ func amqpCode(err error) int {
 // of every other replica (403), whichever replica holds the queue; a queue.delete through a
 // third replica cancels the consumers of every replica (basic.cancel) and purges the queue.
 func TestAMQPFleetExclusiveDelete(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a fleet of processes: over 30 s")
-	}
 	f := newFleet(t, 3)
 	q := f.setupAMQP(t)
 	r0, r1, r2 := f.replicas[0], f.replicas[1], f.replicas[2]

@@ -7,6 +7,14 @@
 //
 //	go test ./test/fleet/ -v -count=1
 //
+// Beside those runs: per-key order of an ordered subscription across replicas (also with a
+// replica stopped), Seek through a replica that does not hold the subscription, AMQP exclusive
+// consumers and queue.delete across processes, and BenchmarkFleet (1, 2 and 3 replicas on one
+// backend, and the cost of forwarding one consumer):
+//
+//	go test ./test/fleet/ -run '^$' -bench BenchmarkFleet -benchtime=1x -v
+//
 // Knobs: FLEET_MESSAGES (per protocol, default 20000; -short 2000), FLEET_LOGS=dir keeps the
-// process logs, FLEET_LOG_LEVEL sets their level, PROXY_BIN uses a prebuilt binary.
+// process logs, FLEET_LOG_LEVEL sets their level, PROXY_BIN uses a prebuilt binary,
+// FLEET_BENCH_MESSAGES sets BenchmarkFleet's messages per measurement (default 10000).
 package fleet

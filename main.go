@@ -9,15 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -58,6 +61,7 @@ func main() {
 		os.Exit(exitConfig)
 	}
 	defer log.Sync()
+	setMemoryLimit(log, memlimit.FromCgroup)
 	runMode := func(cfg proxy.Config, log *zap.Logger) error { return run(cfg, log, level, args) }
 	switch mode {
 	case "embedded":
@@ -70,6 +74,30 @@ func main() {
 		log.Sync()
 		os.Exit(1)
 	}
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit (GOMEMLIMIT) to 90% of the container's
+// memory limit (cgroup v1 or v2) unless GOMEMLIMIT is set, so that the garbage collector works
+// harder before the kernel kills the process rather than after; AUTOMEMLIMIT=off or a ratio
+// (0,1] changes it. It logs the limit in force either way.
+func setMemoryLimit(log *zap.Logger, provider memlimit.Provider) {
+	limit, err := memlimit.Set(memlimit.WithProvider(provider))
+	source := "cgroup"
+	switch {
+	case os.Getenv("GOMEMLIMIT") != "":
+		source = "GOMEMLIMIT"
+	case os.Getenv("AUTOMEMLIMIT") == "off":
+		source = "AUTOMEMLIMIT=off"
+	case err != nil:
+		source = "none"
+		log.Info("no container memory limit found; GOMEMLIMIT left unset", zap.String("reason", err.Error()))
+		limit = debug.SetMemoryLimit(-1)
+	}
+	if limit == math.MaxInt64 {
+		log.Info("go memory limit", zap.String("gomemlimit", "none"), zap.String("source", source))
+		return
+	}
+	log.Info("go memory limit", zap.Int64("gomemlimit_bytes", limit), zap.String("gomemlimit", fmt.Sprintf("%.0f MiB", float64(limit)/(1<<20))), zap.String("source", source))
 }
 
 func run(cfg proxy.Config, log *zap.Logger, level zap.AtomicLevel, args []string) error {

@@ -161,7 +161,10 @@ func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, ScanDelays: cfg.Embedded.ScanDelays, Logger: log.Named("embedded")}
+	opts, err := cfg.EmbeddedOptions(log.Named("embedded"))
+	if err != nil {
+		return err
+	}
 	if cfg.Embedded.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.Embedded.TLSCertFile, cfg.Embedded.TLSKeyFile)
 		if err != nil {
@@ -178,7 +181,8 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 		srv.Close()
 		return fmt.Errorf("embedded.listen: %w", err)
 	}
-	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil))
+	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil),
+		zap.Int64("max_memory_bytes", opts.MaxMemory))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	select {

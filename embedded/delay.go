@@ -84,6 +84,7 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 	d.next++
 	x := &delayed{id: d.next, due: m.Attributes.DelayedTo, m: m}
 	lsn, x.seg = d.s.logDelayAdd(x.id, m)
+	d.s.mem.Add(messageSize(m))
 	d.ids[m.MessageID]++
 	first := true
 	if d.scan {
@@ -103,6 +104,7 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 func (d *delayer) restore(id uint64, m *kubemqpb.QueueMessage, seg uint32) {
 	d.mu.Lock()
 	x := &delayed{id: id, due: m.Attributes.DelayedTo, m: m, seg: seg}
+	d.s.mem.Add(messageSize(m))
 	if d.scan {
 		d.fifo = append(d.fifo, x)
 	} else {
@@ -234,10 +236,10 @@ func (d *delayer) deliver(due []*delayed, now int64) {
 				ReRoutedFromQueue: m.Attributes.ReRoutedFromQueue, ExpirationAt: m.Attributes.ExpirationAt,
 			},
 		}
-		q := d.s.getQueue(m.Channel, true)
-		q.mu.Lock()
+		q, _ := d.s.lockQueue(m.Channel, false)
 		q.appendLocked(cp, now)
 		q.mu.Unlock()
+		d.s.mem.Add(-messageSize(m))
 		ids[i] = x.id
 	}
 	d.s.logDelayDone(ids)

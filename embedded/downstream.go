@@ -136,11 +136,15 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 	if wait < minGetWaitMillis*time.Millisecond {
 		wait = minGetWaitMillis * time.Millisecond
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return dsError(req, "", e), false
+	}
 	tx := &dsTx{id: newUUID(), stream: ds, q: q}
 	now := s.now().UnixNano()
 
 	q.mu.Lock()
+	q.lastActive = now
 	if o := q.txOwner; o != nil && o.stream != ds && o.stream.ctx.Err() != nil {
 		// The owner's stream has ended and is closing its transactions: a client that reconnects
 		// at once is not opening a second transaction, so wait for that to finish.
@@ -259,6 +263,7 @@ func (ds *dsStream) releaseLocked(tx *dsTx) {
 		q.txOwner = nil
 	}
 	q.consumers--
+	q.lastActive = ds.s.now().UnixNano()
 }
 
 // remember keeps a completed transaction for the closed-response errors, within a bound.

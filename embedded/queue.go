@@ -120,6 +120,11 @@ type queue struct {
 	waiters   []*waiter
 	consumers int64 // downstream Gets waiting or holding, streams holding
 	read      bool  // some consumer has read the queue (QueuesInfo Subscribers stays at least 1)
+	// lastActive is the last send or consumer activity (Unix ns), for MaxPurgeInactive.
+	lastActive int64
+	// purged is set when the queue was deleted for inactivity: a caller that got it before
+	// must look the name up again.
+	purged bool
 
 	// txOwner is the downstream transaction that currently holds or waits on this queue; strict
 	// mode allows one at a time (kubemq-api.md 8.8).
@@ -137,11 +142,17 @@ func (s *Server) getQueue(name string, create bool) *queue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q = s.queues[name]; q == nil {
-		q = &queue{s: s, name: name}
-		s.queues[name] = q
-		ln := listedName(name)
-		s.listed[ln] = append(s.listed[ln], q)
+		q = s.newQueueLocked(name)
 	}
+	return q
+}
+
+// newQueueLocked creates and registers a queue. s.mu must be held for writing.
+func (s *Server) newQueueLocked(name string) *queue {
+	q := &queue{s: s, name: name, lastActive: s.now().UnixNano()}
+	s.queues[name] = q
+	ln := listedName(name)
+	s.listed[ln] = append(s.listed[ln], q)
 	return q
 }
 
@@ -163,8 +174,11 @@ func (q *queue) appendLocked(m *kubemqpb.QueueMessage, now int64) uint64 {
 	qm.seg = seg
 	q.count++
 	q.bytes += qm.size
+	q.s.mem.Add(qm.size)
 	q.sent++
+	q.lastActive = now
 	q.offerLocked(qm)
+	q.trimLocked()
 	return lsn
 }
 
@@ -254,7 +268,7 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, drop
 			continue
 		}
 		if qm.storedRC() >= qm.maxRC() {
-			if mv, ok := deadLetter(q.name, qm); ok {
+			if mv, ok := q.deadLetter(qm); ok {
 				moves = append(moves, mv)
 			}
 			gone = append(gone, qm.seq())
@@ -276,6 +290,7 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, drop
 func (q *queue) forgetLocked(qm *qmsg) {
 	q.count--
 	q.bytes -= qm.size
+	q.s.mem.Add(-qm.size)
 	q.s.releaseSeg(qm.seg)
 }
 
@@ -341,7 +356,8 @@ func (q *queue) removeWaiterLocked(w *waiter) {
 
 // deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (kubemq-api.md
 // 5.4.5: ReRouted, source queue, receive count 0, empty policy).
-func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
+func (q *queue) deadLetter(qm *qmsg) (pendingMove, bool) {
+	from := q.name
 	dlq := qm.m.Policy.MaxReceiveQueue
 	if dlq == "" {
 		return pendingMove{}, false
@@ -358,7 +374,7 @@ func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
 			ReRouted:          true,
 			ReRoutedFromQueue: from,
 		},
-		Policy: &kubemqpb.QueueMessagePolicy{MaxReceiveCount: defaultMaxReceiveCount},
+		Policy: &kubemqpb.QueueMessagePolicy{MaxReceiveCount: int32(q.s.opts.MaxReceiveCount)},
 	}}, true
 }
 
@@ -405,7 +421,7 @@ func nackCopy(qm *qmsg, shownRC int32) *kubemqpb.QueueMessage {
 func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
 	for i, qm := range qms {
 		if shown[i]+1 > qm.maxRC() {
-			if mv, ok := deadLetter(q.name, qm); ok {
+			if mv, ok := q.deadLetter(qm); ok {
 				moves = append(moves, mv)
 			}
 			continue
@@ -422,8 +438,7 @@ func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, m
 func (s *Server) applyMoves(moves []pendingMove, now int64) uint64 {
 	var lsn uint64
 	for _, mv := range moves {
-		q := s.getQueue(mv.to, true)
-		q.mu.Lock()
+		q, _ := s.lockQueue(mv.to, false)
 		lsn = q.appendLocked(mv.m, now)
 		q.mu.Unlock()
 	}

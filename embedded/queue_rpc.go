@@ -11,14 +11,14 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-// waitSeconds turns a WaitTimeSeconds field into a duration: 0 means 1 s; beyond 0..3600 is
-// Error 136.
-func waitSeconds(v int32) (time.Duration, string) {
-	if v < 0 || v > maxWaitSeconds {
+// waitSeconds turns a WaitTimeSeconds field into a duration: 0 means DefaultWaitSeconds (1 s);
+// beyond 0..MaxWaitSeconds (3600) is Error 136.
+func (s *Server) waitSeconds(v int32) (time.Duration, string) {
+	if v < 0 || int(v) > s.opts.MaxWaitSeconds {
 		return 0, errWaitTimeout
 	}
 	if v == 0 {
-		v = 1
+		v = int32(s.opts.DefaultWaitSeconds)
 	}
 	return time.Duration(v) * time.Second, ""
 }
@@ -30,6 +30,7 @@ func (s *Server) collect(ctx context.Context, q *queue, max int, wait time.Durat
 	q.mu.Lock()
 	q.consumers++
 	q.read = true
+	q.lastActive = now
 	got, expired, _, moves := q.takeLocked(now, max, maxDeliveryBytes, nil, false)
 	var w *waiter
 	if len(got) < max && !budgetFull(got) {
@@ -59,6 +60,7 @@ func (s *Server) collect(ctx context.Context, q *queue, max int, wait time.Durat
 	}
 	q.mu.Lock()
 	q.consumers--
+	q.lastActive = s.now().UnixNano()
 	q.mu.Unlock()
 	return got, expired
 }
@@ -81,14 +83,17 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 	if e := checkChannel(req.Channel, kindQueue); e != "" {
 		return fail(e)
 	}
-	if req.MaxNumberOfMessages < 1 || req.MaxNumberOfMessages > maxReceiveMessages {
+	if req.MaxNumberOfMessages < 1 || int(req.MaxNumberOfMessages) > s.opts.MaxReceiveMessages {
 		return fail(errMaxMessages)
 	}
-	wait, e := waitSeconds(req.WaitTimeSeconds)
+	wait, e := s.waitSeconds(req.WaitTimeSeconds)
 	if e != "" {
 		return fail(e)
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return fail(e)
+	}
 	if req.IsPeak {
 		now := s.now().UnixNano()
 		q.mu.Lock()
@@ -141,11 +146,14 @@ func (s *Server) AckAllQueueMessages(ctx context.Context, req *kubemqpb.AckAllQu
 	if e := checkChannel(req.Channel, kindQueue); e != "" {
 		return fail(e)
 	}
-	wait, e := waitSeconds(req.WaitTimeSeconds)
+	wait, e := s.waitSeconds(req.WaitTimeSeconds)
 	if e != "" {
 		return fail(e)
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return fail(e)
+	}
 	deadline := time.Now().Add(wait)
 	var total uint64
 	for {
@@ -301,24 +309,29 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				continue
 			}
 			vis := req.VisibilitySeconds
-			if vis < 0 || vis > maxVisibilitySeconds {
+			if vis < 0 || int(vis) > s.opts.MaxVisibilitySeconds {
 				if err := reply(req, nil, errVisibility); err != nil {
 					return err
 				}
 				continue
 			}
 			if vis == 0 {
-				vis = defaultVisibility
+				vis = int32(s.opts.DefaultVisibilitySeconds)
 			}
-			wait, e := waitSeconds(req.WaitTimeSeconds)
+			wait, e := s.waitSeconds(req.WaitTimeSeconds)
 			if e != "" {
 				if err := reply(req, nil, e); err != nil {
 					return err
 				}
 				continue
 			}
+			if q, e = s.openQueue(req.Channel); e != "" {
+				if err := reply(req, nil, e); err != nil {
+					return err
+				}
+				continue
+			}
 			active = true
-			q = s.getQueue(req.Channel, true)
 			got, _ := s.collect(ctx, q, 1, wait)
 			if ctx.Err() != nil || s.ctx.Err() != nil {
 				// Ended while waiting: what the wait caught goes back untouched.
@@ -380,14 +393,14 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				continue
 			}
 			vis := req.VisibilitySeconds
-			if vis < 0 || vis > maxVisibilitySeconds {
+			if vis < 0 || int(vis) > s.opts.MaxVisibilitySeconds {
 				if err := reply(req, nil, errVisibility); err != nil {
 					return err
 				}
 				continue
 			}
 			if vis == 0 {
-				vis = defaultVisibility
+				vis = int32(s.opts.DefaultVisibilitySeconds)
 			}
 			visT.Stop()
 			visT = time.NewTimer(time.Duration(vis) * time.Second)

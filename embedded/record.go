@@ -22,6 +22,13 @@ const (
 	recCursor      byte = 6 // durable key, channel, cursor
 	recQueueMeta   byte = 7 // queue name, last sequence, sent, delivered
 	recChannelMeta byte = 8 // channel name, last sequence
+	recPurge       byte = 9 // kind (recPurgeQueue or recPurgeChannel), name: deleted for inactivity
+)
+
+// Kinds of recPurge.
+const (
+	recPurgeQueue   byte = 1
+	recPurgeChannel byte = 2
 )
 
 const frameHeader = 9
@@ -184,6 +191,12 @@ func decodeRecord(typ byte, p []byte) (record, error) {
 	case recChannelMeta:
 		r.name = d.str()
 		r.nums = []uint64{d.uvarint()}
+	case recPurge:
+		r.nums = []uint64{d.uvarint()}
+		r.name = d.str()
+		if d.err == nil && r.nums[0] != uint64(recPurgeQueue) && r.nums[0] != uint64(recPurgeChannel) {
+			return r, errCorrupt
+		}
 	default:
 		return r, errCorrupt
 	}

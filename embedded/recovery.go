@@ -21,7 +21,7 @@ type recovery struct {
 func newRecovery(s *Server, st *logStore) *recovery {
 	return &recovery{
 		s: s, st: st, msgs: map[string]map[uint64]*qmsg{}, delays: map[uint64]*delayed{},
-		cutoff: s.now().Add(-s.opts.MaxRetention).UnixNano(),
+		cutoff: s.retentionCutoff(),
 	}
 }
 
@@ -95,7 +95,11 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 			c.first = e.Sequence
 		}
 		c.last = e.Sequence
-		c.events = append(c.events, &storedEvent{e: e, seg: seg})
+		size := eventSize(e)
+		c.events = append(c.events, &storedEvent{e: e, seg: seg, size: size})
+		c.bytes += size
+		s.mem.Add(size)
+		c.trimLocked(s, rc.st.release) // the same rule as at publish
 	case recDelayAdd:
 		rc.delays[r.id] = &delayed{id: r.id, m: r.qm, seg: seg}
 		si.live.Add(1)
@@ -118,6 +122,29 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 		q.lastSeq = max(q.lastSeq, r.nums[0])
 		q.sent = max(q.sent, int64(r.nums[1]))
 		q.delivered = max(q.delivered, int64(r.nums[2]))
+	case recPurge:
+		if r.nums[0] == uint64(recPurgeQueue) {
+			for _, qm := range rc.msgs[r.name] {
+				rc.st.release(qm.seg)
+			}
+			delete(rc.msgs, r.name)
+			if q := s.queues[r.name]; q != nil {
+				s.removeQueueLocked(q)
+			}
+			return
+		}
+		if c := s.channels[r.name]; c != nil {
+			for _, ev := range c.events {
+				s.mem.Add(-ev.size)
+				rc.st.release(ev.seg)
+			}
+			delete(s.channels, r.name)
+			for k, d := range s.durables {
+				if d.ch == c {
+					delete(s.durables, k)
+				}
+			}
+		}
 	case recChannelMeta:
 		c := s.getChannel(r.name, true)
 		if r.nums[0] > c.last {
@@ -145,10 +172,23 @@ func (rc *recovery) finish() {
 			list = append(list, qm)
 		}
 		sort.Slice(list, func(i, j int) bool { return list[i].seq() < list[j].seq() })
+		// Limits lowered since the copies were stored: the oldest go, as at a send (not
+		// logged; the next start applies the same rule).
+		o := &s.opts
+		var bytes int64
+		for _, qm := range list {
+			bytes += qm.size
+		}
+		for len(list) > 1 && ((o.MaxChannelMessages > 0 && len(list) > o.MaxChannelMessages) || (o.MaxChannelBytes > 0 && bytes > o.MaxChannelBytes)) {
+			bytes -= list[0].size
+			rc.st.release(list[0].seg)
+			list = list[1:]
+		}
 		q.ready = list
 		q.count = int64(len(list))
 		for _, qm := range list {
 			q.bytes += qm.size
+			s.mem.Add(qm.size)
 		}
 		if q.sent < q.count {
 			q.sent = q.count

@@ -393,6 +393,10 @@ func (s *Server) snapshot() uint64 {
 	s.mu.RUnlock()
 	for _, q := range qs {
 		q.mu.Lock()
+		if q.purged {
+			q.mu.Unlock()
+			continue
+		}
 		b := putStr(nil, q.name)
 		b = binary.AppendUvarint(b, q.lastSeq)
 		b = binary.AppendUvarint(b, uint64(q.sent))
@@ -402,6 +406,10 @@ func (s *Server) snapshot() uint64 {
 	}
 	for _, c := range cs {
 		c.mu.Lock()
+		if c.purged {
+			c.mu.Unlock()
+			continue
+		}
 		b := binary.AppendUvarint(putStr(nil, c.name), c.last)
 		lsn, _ = st.append(recChannelMeta, b, false)
 		c.mu.Unlock()
@@ -474,6 +482,23 @@ func (s *Server) logCursor(key, channel string, cur uint64) {
 	s.store.append(recCursor, cursorPayload(key, channel, cur), false)
 }
 
+// retentionCutoff is the Unix ns before which messages are dropped; 0 when they are kept forever.
+func (s *Server) retentionCutoff() int64 {
+	if s.opts.MaxRetention < 0 {
+		return 0
+	}
+	return s.now().Add(-s.opts.MaxRetention).UnixNano()
+}
+
+// logPurge records that a queue or channel was deleted for inactivity (not awaited: a crash
+// before it is written only delays the purge).
+func (s *Server) logPurge(kind byte, name string) {
+	if s.store == nil {
+		return
+	}
+	s.store.append(recPurge, putStr(binary.AppendUvarint(nil, uint64(kind)), name), false)
+}
+
 func (s *Server) releaseSeg(seg uint32) {
 	if s.store != nil && seg != 0 {
 		s.store.release(seg)
@@ -491,7 +516,10 @@ func (s *Server) waitLog(lsn uint64) error {
 // are in time order, so only their heads are examined. The log needs no record for it: replay
 // applies the same age rule.
 func (s *Server) applyRetention() {
-	cutoff := s.now().Add(-s.opts.MaxRetention).UnixNano()
+	cutoff := s.retentionCutoff()
+	if cutoff == 0 {
+		return
+	}
 	s.mu.RLock()
 	qs := make([]*queue, 0, len(s.queues))
 	for _, q := range s.queues {
@@ -507,6 +535,8 @@ func (s *Server) applyRetention() {
 		n := 0
 		for n < len(c.events) && c.events[n].e.Timestamp < cutoff {
 			s.releaseSeg(c.events[n].seg)
+			c.bytes -= c.events[n].size
+			s.mem.Add(-c.events[n].size)
 			n++
 		}
 		if n > 0 {

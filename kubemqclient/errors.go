@@ -85,6 +85,11 @@ var (
 	// ErrStrictMode is the embedded server's strict-mode refusal of a usage
 	// pattern the real server mishandles (kubemq-api.md 8, 9): a client bug.
 	ErrStrictMode = errors.New("refused by strict mode")
+	// ErrResourceExhausted is a store limit refusing a write: the embedded server's memory
+	// bound ("memory limit reached"), the store's channel or subscriber caps ("too many
+	// channels", "too many subscriptions per channel"), or gRPC ResourceExhausted (a message
+	// over the server's body limit). Retrying unchanged helps only once something is freed.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 var sentinelParent = map[error]error{
@@ -167,6 +172,9 @@ func classify(op string, gc codes.Code, msg string) *Error {
 		e.kind = ErrInvalidArgument
 	case strings.HasPrefix(msg, "strict mode:"):
 		e.kind = ErrStrictMode
+	case gc == codes.ResourceExhausted, strings.HasPrefix(lower, "memory limit reached"),
+		lower == "too many channels", lower == "too many subscriptions per channel":
+		e.kind = ErrResourceExhausted
 	case strings.Contains(lower, "transaction id not found"):
 		e.kind = ErrTxNotFound
 	case strings.Contains(lower, "closed response"):

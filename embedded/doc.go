@@ -13,7 +13,8 @@
 //
 // With Options.DataDir set, state is made durable in an append-only segment log with group commit
 // (storage.go, record.go, recovery.go; STORAGE.md has the engine comparison and sync policy):
-// every acknowledged send survives a process kill.
+// every acknowledged send survives a process kill. Queue messages are then held as an index only
+// and read back from their segment when delivered.
 //
 // The real server's store and queue limits (retention, purge of inactive channels, channel and
 // subscriber caps, messages and bytes per channel, the queue limits, the body limit) are Options

@@ -222,8 +222,18 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 	tx.shown = make([]int32, len(got))
 	for i, qm := range got {
 		tx.shown[i] = qm.storedRC() + 1
-		resp.Messages[i] = qm.delivery(tx.shown[i])
 	}
+	msgs, err := s.deliveries(got, tx.shown)
+	if err != nil {
+		// The messages cannot be read back from the log: they stay in the queue.
+		s.log.Error("cannot read messages back from the log", zap.String("queue", q.name), zap.Error(err))
+		q.mu.Lock()
+		q.giveBackLocked(got)
+		ds.releaseLocked(tx)
+		q.mu.Unlock()
+		return dsError(req, "", "Error 121: cannot read messages back from the store: "+err.Error()), false
+	}
+	resp.Messages = msgs
 	if req.AutoAck || (len(got) == 0 && dropped == 0) {
 		q.mu.Lock()
 		q.settleLocked(got)

@@ -104,7 +104,12 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 			if qm.expiredAt(now) {
 				continue
 			}
-			resp.Messages = append(resp.Messages, qm.delivery(qm.storedRC()+1))
+			m, err := s.load(qm)
+			if err != nil {
+				q.mu.Unlock()
+				return fail("Error 121: cannot read messages back from the store: " + err.Error())
+			}
+			resp.Messages = append(resp.Messages, delivery(m, qm.storedRC()+1))
 		}
 		q.mu.Unlock()
 		resp.MessagesReceived = int32(len(resp.Messages))
@@ -121,12 +126,22 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 		}
 		return nil, ctx.Err()
 	}
+	q.mu.Unlock()
+	// Read back before settling: a settled record's segment may be deleted.
+	shown := make([]int32, len(got))
+	for i, qm := range got {
+		shown[i] = qm.storedRC() + 1
+	}
+	msgs, err := s.deliveries(got, shown)
+	q.mu.Lock()
+	if err != nil {
+		q.giveBackLocked(got)
+		q.mu.Unlock()
+		return fail("Error 121: cannot read messages back from the store: " + err.Error())
+	}
 	q.settleLocked(got)
 	q.mu.Unlock()
-	resp.Messages = make([]*kubemqpb.QueueMessage, len(got))
-	for i, qm := range got {
-		resp.Messages[i] = qm.delivery(qm.storedRC() + 1)
-	}
+	resp.Messages = msgs
 	resp.MessagesReceived = int32(len(got))
 	resp.MessagesExpired = int32(expired)
 	return resp, nil
@@ -355,7 +370,20 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 			shown = held.storedRC() + 1
 			visT = time.NewTimer(time.Duration(vis) * time.Second)
 			visC = visT.C
-			if err := reply(req, held.delivery(shown), ""); err != nil {
+			m, lerr := s.load(held)
+			if lerr != nil {
+				visT.Stop()
+				visC = nil
+				q.mu.Lock()
+				q.giveBackLocked(got)
+				q.mu.Unlock()
+				held = nil
+				if err := reply(req, nil, "Error 121: cannot read messages back from the store: "+lerr.Error()); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := reply(req, delivery(m, shown), ""); err != nil {
 				return err
 			}
 		case kubemqpb.StreamRequestType_AckMessage, kubemqpb.StreamRequestType_RejectMessage:

@@ -40,7 +40,7 @@ func (rc *recovery) replaySegment(id uint32) error {
 			var r record
 			r, err = decodeRecord(typ, payload)
 			if err == nil {
-				rc.apply(r, id, si)
+				rc.apply(r, id, si, int64(off), n)
 			}
 		}
 		if err != nil {
@@ -55,7 +55,8 @@ func (rc *recovery) replaySegment(id uint32) error {
 	return nil
 }
 
-func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
+// apply applies one record, found at off (n bytes) in segment seg.
+func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 	s := rc.s
 	switch r.typ {
 	case recQueueMsg:
@@ -73,7 +74,9 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 		if old := byQ[seq]; old != nil {
 			rc.st.release(old.seg)
 		}
-		byQ[seq] = &qmsg{m: m, seg: seg, size: messageSize(m)}
+		qm := newQmsg(m)
+		qm.spill(seg, off, n, 0)
+		byQ[seq] = qm
 		si.live.Add(1)
 	case recQueueDel:
 		byQ := rc.msgs[r.name]
@@ -165,7 +168,7 @@ func (rc *recovery) finish() {
 		q := s.getQueue(name, true)
 		list := make([]*qmsg, 0, len(byQ))
 		for _, qm := range byQ {
-			if qm.m.Attributes.Timestamp < rc.cutoff {
+			if qm.ts < rc.cutoff {
 				rc.st.release(qm.seg)
 				continue
 			}
@@ -188,7 +191,6 @@ func (rc *recovery) finish() {
 		q.count = int64(len(list))
 		for _, qm := range list {
 			q.bytes += qm.size
-			s.mem.Add(qm.size)
 		}
 		if q.sent < q.count {
 			q.sent = q.count

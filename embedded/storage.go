@@ -59,6 +59,9 @@ type logStore struct {
 	kick     chan struct{}
 	stop     chan struct{}
 	finished chan struct{}
+
+	rmu    sync.Mutex          // guards rfiles
+	rfiles map[uint32]*os.File // read-only descriptors of segments records are read back from
 }
 
 type chunk struct {
@@ -132,13 +135,15 @@ func (st *logStore) addSeg(id uint32) *segInfo {
 // append adds one record; live records count against the segment. It returns the log position
 // to wait for and the segment.
 func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32) {
-	return st.appendFrame(int64(frameHeader+len(payload)), live, func(dst []byte) []byte {
+	lsn, seg, _, _ := st.appendFrame(int64(frameHeader+len(payload)), live, func(dst []byte) []byte {
 		return frame(dst, typ, payload)
 	})
+	return lsn, seg
 }
 
 // appendMessage is append with m's encoding as the payload, marshalled straight into the batch.
-func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (uint64, uint32) {
+// It also returns where the record starts in the segment and its framed length.
+func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (lsn uint64, seg uint32, off int64, n int) {
 	size := fastpb.SizeHint(m)
 	if size == 0 {
 		size = proto.Size(m)
@@ -156,8 +161,9 @@ const (
 	maxSpareChunks = 16
 )
 
-// appendFrame adds one record of at most n bytes written by put.
-func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32) {
+// appendFrame adds one record of at most n bytes written by put. It returns the log position to
+// wait for, the segment, the record's offset in it and its length.
+func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32, int64, int) {
 	st.mu.Lock()
 	if st.curSize > 0 && st.curSize+n > st.s.opts.SegmentBytes {
 		st.cur++
@@ -187,6 +193,7 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	before := len(c.data)
 	c.data = put(c.data)
 	written := int64(len(c.data) - before)
+	off := st.curSize
 	st.curSize += written
 	st.lsn += uint64(written)
 	lsn := st.lsn
@@ -195,7 +202,66 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	case st.kick <- struct{}{}:
 	default:
 	}
-	return lsn, seg
+	return lsn, seg, off, int(written)
+}
+
+// readRecord reads back the record of n bytes at off in segment seg, once the log holds position
+// lsn (0: already on disk), and returns its payload. Reads go through one read-only descriptor
+// per segment, opened at the first read and closed when the segment is deleted.
+func (st *logStore) readRecord(seg uint32, off int64, n int, lsn uint64, typ byte) ([]byte, error) {
+	buf, err := st.readAt(seg, off, n, lsn)
+	if err != nil {
+		return nil, err
+	}
+	t, payload, m, err := unframe(buf)
+	if err != nil || m != n || t != typ {
+		return nil, fmt.Errorf("embedded: record of segment %d at %d is damaged", seg, off)
+	}
+	return payload, nil
+}
+
+// readAt reads n bytes at off in segment seg once the log holds position lsn (0: already on
+// disk).
+func (st *logStore) readAt(seg uint32, off int64, n int, lsn uint64) ([]byte, error) {
+	if lsn != 0 {
+		st.cmu.Lock()
+		done := st.committed >= lsn
+		st.cmu.Unlock()
+		if !done {
+			if err := st.wait(lsn); err != nil {
+				return nil, err
+			}
+		}
+	}
+	st.rmu.Lock()
+	f := st.rfiles[seg]
+	if f == nil {
+		var err error
+		if f, err = os.Open(segPath(st.dir, seg)); err != nil {
+			st.rmu.Unlock()
+			return nil, fmt.Errorf("embedded: read back a record: %w", err)
+		}
+		if st.rfiles == nil {
+			st.rfiles = map[uint32]*os.File{}
+		}
+		st.rfiles[seg] = f
+	}
+	st.rmu.Unlock()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return nil, fmt.Errorf("embedded: read back records of segment %d at %d: %w", seg, off, err)
+	}
+	return buf, nil
+}
+
+// closeReader closes the read descriptor of a deleted segment.
+func (st *logStore) closeReader(seg uint32) {
+	st.rmu.Lock()
+	if f := st.rfiles[seg]; f != nil {
+		f.Close()
+		delete(st.rfiles, seg)
+	}
+	st.rmu.Unlock()
 }
 
 func (st *logStore) release(seg uint32) {
@@ -331,6 +397,12 @@ func syncDir(dir string) {
 func (st *logStore) close() error {
 	close(st.stop)
 	<-st.finished
+	st.rmu.Lock()
+	for id, f := range st.rfiles {
+		f.Close()
+		delete(st.rfiles, id)
+	}
+	st.rmu.Unlock()
 	st.cmu.Lock()
 	st.closed = true
 	err := st.failed
@@ -367,6 +439,7 @@ func (st *logStore) maintain() {
 		st.segIDs = st.segIDs[1:]
 		delete(st.segs, id)
 		st.mu.Unlock()
+		st.closeReader(id)
 		if err := os.Remove(segPath(st.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			st.log.Warn("cannot delete log segment", zap.Uint32("segment", id), zap.Error(err))
 		}
@@ -429,9 +502,9 @@ func cursorPayload(key, channel string, cur uint64) []byte {
 
 // Server-side hooks: no-ops in memory.
 
-func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (uint64, uint32) {
+func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (lsn uint64, seg uint32, off int64, n int) {
 	if s.store == nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	return s.store.appendMessage(recQueueMsg, m, true)
 }
@@ -472,7 +545,8 @@ func (s *Server) logEvent(e *kubemqpb.EventReceive) (uint64, uint32) {
 	if s.store == nil {
 		return 0, 0
 	}
-	return s.store.appendMessage(recEvent, e, true)
+	lsn, seg, _, _ := s.store.appendMessage(recEvent, e, true)
+	return lsn, seg
 }
 
 func (s *Server) logCursor(key, channel string, cur uint64) {
@@ -548,7 +622,7 @@ func (s *Server) applyRetention() {
 	}
 	for _, q := range qs {
 		q.mu.Lock()
-		for q.head < len(q.ready) && q.ready[q.head].m.Attributes.Timestamp < cutoff {
+		for q.head < len(q.ready) && q.ready[q.head].ts < cutoff {
 			q.forgetLocked(q.popLocked())
 		}
 		q.mu.Unlock()

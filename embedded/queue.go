@@ -73,6 +73,20 @@ func (s *Server) load(qm *qmsg) (*kubemqpb.QueueMessage, error) {
 	return decodeStored(p, qm)
 }
 
+// loadHeld loads messages a consumer holds, for a move that must happen: on a read error each is
+// loaded alone, and one that still cannot be read is replaced as mustLoad does.
+func (s *Server) loadHeld(qms []*qmsg) []*kubemqpb.QueueMessage {
+	ms, err := s.loadAll(qms)
+	if err == nil {
+		return ms
+	}
+	ms = make([]*kubemqpb.QueueMessage, len(qms))
+	for i, qm := range qms {
+		ms[i] = s.mustLoad(qm)
+	}
+	return ms
+}
+
 // decodeStored decodes a queue record read back from the log.
 func decodeStored(p []byte, qm *qmsg) (*kubemqpb.QueueMessage, error) {
 	m := &kubemqpb.QueueMessage{}
@@ -415,7 +429,7 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, drop
 			continue
 		}
 		if qm.storedRC() >= qm.maxReceive() {
-			if mv, ok := q.deadLetter(qm); ok {
+			if mv, ok := q.deadLetter(qm, nil); ok {
 				moves = append(moves, mv)
 			}
 			gone = append(gone, qm.seq())
@@ -505,9 +519,11 @@ func (q *queue) removeWaiterLocked(w *waiter) {
 
 // deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (kubemq-api.md
 // 5.4.5: ReRouted, source queue, receive count 0, empty policy).
-func (q *queue) deadLetter(qm *qmsg) (pendingMove, bool) {
+func (q *queue) deadLetter(qm *qmsg, m *kubemqpb.QueueMessage) (pendingMove, bool) {
 	from := q.name
-	m := q.s.mustLoad(qm)
+	if m == nil {
+		m = q.s.mustLoad(qm)
+	}
 	dlq := m.Policy.MaxReceiveQueue
 	if dlq == "" {
 		return pendingMove{}, false
@@ -565,15 +581,16 @@ func nackCopy(m *kubemqpb.QueueMessage, shownRC int32) *kubemqpb.QueueMessage {
 // counts: re-append at the tail (same queue, under the held lock) or return a move to the DLQ.
 // The originals are settled after their replacement is logged, so a crash can duplicate but not
 // lose.
-func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
+// ms are the messages of qms (loaded).
+func (q *queue) nackLocked(qms []*qmsg, ms []*kubemqpb.QueueMessage, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
 	for i, qm := range qms {
 		if shown[i]+1 > qm.maxReceive() {
-			if mv, ok := q.deadLetter(qm); ok {
+			if mv, ok := q.deadLetter(qm, ms[i]); ok {
 				moves = append(moves, mv)
 			}
 			continue
 		}
-		lsn = q.appendLocked(nackCopy(q.s.mustLoad(qm), shown[i]), now)
+		lsn = q.appendLocked(nackCopy(ms[i], shown[i]), now)
 	}
 	if len(moves) == 0 {
 		q.settleLocked(qms)
@@ -595,9 +612,10 @@ func (s *Server) applyMoves(moves []pendingMove, now int64) uint64 {
 // nack is nackLocked plus its dead-letter moves, with the originals settled only after the moved
 // copies are logged.
 func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
+	ms := s.loadHeld(qms) // held: their records stay; read outside the queue's lock
 	now := s.now().UnixNano()
 	q.mu.Lock()
-	_, moves := q.nackLocked(qms, shown, now)
+	_, moves := q.nackLocked(qms, ms, shown, now)
 	q.mu.Unlock()
 	if len(moves) > 0 {
 		s.applyMoves(moves, now)
@@ -611,8 +629,8 @@ func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
 func (s *Server) moveTo(q *queue, qms []*qmsg, to string) {
 	now := s.now().UnixNano()
 	moves := make([]pendingMove, len(qms))
-	for i, qm := range qms {
-		moves[i] = pendingMove{to: to, m: requeueCopy(to, s.mustLoad(qm))}
+	for i, m := range s.loadHeld(qms) {
+		moves[i] = pendingMove{to: to, m: requeueCopy(to, m)}
 	}
 	s.applyMoves(moves, now)
 	q.mu.Lock()

@@ -183,8 +183,8 @@ const maxDeliveryBytes = maxGRPCMessage - 4<<20
 
 func (qm *qmsg) cost() int64 { return qm.size + deliveryOverhead }
 
-func (qm *qmsg) seq() uint64     { return qm.seqN }
-func (qm *qmsg) storedRC() int32 { return qm.rc }
+func (qm *qmsg) seq() uint64       { return qm.seqN }
+func (qm *qmsg) storedRC() int32   { return qm.rc }
 func (qm *qmsg) maxReceive() int32 { return qm.maxRC }
 func (qm *qmsg) expiredAt(now int64) bool {
 	return qm.expAt != 0 && now >= qm.expAt

@@ -22,7 +22,8 @@ var storedMessages = flag.Int("stored", 100_000, "BenchmarkStoredMemory: how man
 // BenchmarkStoredMemory stores -stored 1 KiB queue messages (100 per batch, as a batched send)
 // in an in-memory server and in one with a data directory, and reports the process's RSS
 // (VmRSS) and Go heap once they are stored (after a GC), per message and in total, and the send
-// rate. Run one case per process for a clean RSS:
+// rate; with a data dir also the restart time and the RSS and heap after it. Run one case per
+// process for a clean RSS:
 //
 //	go test -run x -bench 'StoredMemory/in-memory' -benchtime 1x -stored 1000000 ./embedded
 func BenchmarkStoredMemory(b *testing.B) {
@@ -53,7 +54,7 @@ func benchStoredMemory(b *testing.B, persisted bool, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Stop()
+	defer func() { s.Stop() }() // the server of the moment: the first one must not stay reachable
 	body := make([]byte, 1024)
 	for i := range body {
 		body[i] = byte('a' + i%26)
@@ -87,13 +88,40 @@ func benchStoredMemory(b *testing.B, persisted bool, n int) {
 	b.ReportMetric(float64(rss-rss0)/float64(n), "RSS-bytes/msg")
 	b.ReportMetric(heap/float64(n), "heap-bytes/msg")
 	b.ReportMetric(float64(s.MemoryUsed())/float64(n), "counted-bytes/msg")
+	b.ReportMetric(float64(procStatus(b, "VmHWM:"))/(1<<20), "peak-RSS-MiB") // the whole process, so far
 	if q := s.getQueue("stored", false); q == nil || q.count != int64(n) {
 		b.Fatalf("stored %v messages, want %d", q, n)
+	}
+	if !persisted {
+		return
+	}
+	// The same after a restart: the index rebuilt from the log.
+	s.Stop()
+	runtime.GC()
+	debug.FreeOSMemory()
+	start = time.Now()
+	s, err = New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	recovery := time.Since(start)
+	runtime.GC()
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(recovery.Seconds(), "restart-s")
+	b.ReportMetric(float64(vmRSS(b)-rss0)/(1<<20), "restart-RSS-MiB")
+	b.ReportMetric(float64(ms.HeapAlloc-ms0.HeapAlloc)/(1<<20), "restart-heap-MiB")
+	b.ReportMetric(float64(procStatus(b, "VmHWM:"))/(1<<20), "restart-peak-RSS-MiB")
+	if q := s.getQueue("stored", false); q == nil || q.count != int64(n) {
+		b.Fatalf("after restart %v messages, want %d", q, n)
 	}
 }
 
 // vmRSS is the process's resident set size in bytes (/proc/self/status).
-func vmRSS(b *testing.B) int64 {
+func vmRSS(b *testing.B) int64 { return procStatus(b, "VmRSS:") }
+
+// procStatus reads a size field of /proc/self/status in bytes.
+func procStatus(b *testing.B, field string) int64 {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		b.Skip("no /proc/self/status")
@@ -101,14 +129,14 @@ func vmRSS(b *testing.B) int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				b.Fatal(fmt.Errorf("VmRSS %q: %w", v, err))
+				b.Fatal(fmt.Errorf("%s %q: %w", field, v, err))
 			}
 			return kb << 10
 		}
 	}
-	b.Fatal("no VmRSS in /proc/self/status")
+	b.Fatal("no " + field + " in /proc/self/status")
 	return 0
 }

@@ -1,8 +1,11 @@
 package embedded
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 
@@ -26,25 +29,57 @@ func newRecovery(s *Server, st *logStore) *recovery {
 }
 
 // replaySegment applies one segment. A torn or damaged tail (a crash mid-write) is cut off.
+// The segment is read through a buffer, one record at a time (decoding copies what it keeps), so
+// that recovery does not hold a whole segment.
 func (rc *recovery) replaySegment(id uint32) error {
 	path := segPath(rc.st.dir, id)
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("embedded: read %s: %w", path, err)
 	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("embedded: read %s: %w", path, err)
+	}
+	size := int(fi.Size())
+	br := bufio.NewReaderSize(f, 1<<20)
+	var buf []byte
 	si := rc.st.addSeg(id)
 	off := 0
-	for off < len(data) {
-		typ, payload, n, err := unframe(data[off:])
+	for off < size {
+		// One frame: its header says how long it is; a short or damaged one is cut below.
+		var typ byte
+		var payload []byte
+		var n int
+		hdr, err := br.Peek(8)
+		if err == nil {
+			flen := int(binary.LittleEndian.Uint32(hdr[0:4]))
+			if flen < 1 || flen > maxRecord || off+8+flen > size {
+				err = errCorrupt
+			} else {
+				if cap(buf) < 8+flen {
+					buf = make([]byte, 8+flen)
+				}
+				buf = buf[:8+flen]
+				if _, err = io.ReadFull(br, buf); err == nil {
+					typ, payload, n, err = unframe(buf)
+				}
+			}
+		}
 		if err == nil {
 			var r record
-			r, err = decodeRecord(typ, payload)
+			if typ == recQueueMsg {
+				r, err = indexQueueRecord(payload) // the index only: the body stays on disk
+			} else {
+				r, err = decodeRecord(typ, payload)
+			}
 			if err == nil {
 				rc.apply(r, id, si, int64(off), n)
 			}
 		}
 		if err != nil {
-			rc.s.log.Warn("log cut at a damaged record", zap.String("segment", path), zap.Int("offset", off), zap.Int("dropped_bytes", len(data)-off))
+			rc.s.log.Warn("log cut at a damaged record", zap.String("segment", path), zap.Int("offset", off), zap.Int("dropped_bytes", size-off))
 			if terr := os.Truncate(path, int64(off)); terr != nil {
 				return fmt.Errorf("embedded: truncate %s: %w", path, errors.Join(err, terr))
 			}
@@ -75,6 +110,7 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 			rc.st.release(old.seg)
 		}
 		qm := newQmsg(m)
+		qm.size = r.size
 		qm.spill(seg, off, n, 0)
 		byQ[seq] = qm
 		si.live.Add(1)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -92,9 +93,15 @@ func openLogStore(dir string, s *Server) (*logStore, error) {
 		return nil, err
 	}
 	rc := newRecovery(s, st)
-	for _, id := range ids {
+	for i, id := range ids {
 		if err := rc.replaySegment(id); err != nil {
 			return nil, err
+		}
+		if i < len(ids)-1 {
+			// Each segment is read whole and leaves its records' decoding behind: collect it
+			// before the next, so that the peak stays near the index being built rather than
+			// the garbage collector's doubling of it (1,000,000 messages: 550 MiB without).
+			runtime.GC()
 		}
 	}
 	rc.finish()

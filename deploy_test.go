@@ -96,9 +96,16 @@ func TestDockerCompose(t *testing.T) {
 		for _, p := range svc["ports"].([]any) {
 			ports = append(ports, fmt.Sprint(p))
 		}
-		for _, want := range []string{"8085:8085", "5672:5672", "9102:9102"} {
+		// Published on the host's loopback only: the proxy's ports have no authentication
+		// (Pub/Sub emulator mode, open AMQP logins in the compose file).
+		for _, want := range []string{"127.0.0.1:8085:8085", "127.0.0.1:5672:5672", "127.0.0.1:9102:9102"} {
 			if !contains(ports, want) {
 				t.Errorf("%s: port %s not published (have %v)", name, want, ports)
+			}
+		}
+		for _, p := range ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("%s: port %s published on every host interface", name, p)
 			}
 		}
 	}

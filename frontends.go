@@ -1,6 +1,8 @@
 package main
 
 import (
+	"go.uber.org/zap"
+
 	"github.com/kubemq-io/kubemq-proxy/amqp091"
 	"github.com/kubemq-io/kubemq-proxy/gcp"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
@@ -50,19 +52,33 @@ func frontends() []proxy.FrontendFactory {
 				if hb == 0 {
 					hb = -1 // amqp091: negative disables heartbeats
 				}
+				switch {
+				case len(d.Config.AMQP.Users) > 0:
+					d.Logger.Info("amqp: logins checked against amqp.users", zap.Int("users", len(d.Config.AMQP.Users)))
+				case d.Config.AMQP.OpenLoginsFromAnywhere:
+					d.Logger.Warn("amqp: no amqp.users configured and open_logins_from_anywhere is on: any user name and password is accepted from any address")
+				default:
+					d.Logger.Info("amqp: no amqp.users configured: any user name and password is accepted from loopback addresses only")
+				}
+				var peers amqp091.Peers
+				if d.Peers != nil {
+					peers = d.Peers
+				}
 				return amqp091.New(amqp091.Options{
-					Client:         d.Client,
-					Registry:       d.Registry,
-					Deliveries:     d.Deliveries,
-					Logger:         d.Logger.Named("amqp"),
-					Metrics:        d.Metrics,
-					Ready:          d.Ready,
-					Heartbeat:      hb,
-					FrameMax:       d.Config.AMQP.FrameMax,
-					ChannelMax:     d.Config.AMQP.ChannelMax,
-					Users:          d.Config.AMQP.Users,
-					MaxBodySize:    d.Config.AMQP.MaxBodySize,
-					MaxConnections: d.Config.AMQP.MaxConnections,
+					Peers:                  peers,
+					Client:                 d.Client,
+					Registry:               d.Registry,
+					Deliveries:             d.Deliveries,
+					Logger:                 d.Logger.Named("amqp"),
+					Metrics:                d.Metrics,
+					Ready:                  d.Ready,
+					Heartbeat:              hb,
+					FrameMax:               d.Config.AMQP.FrameMax,
+					ChannelMax:             d.Config.AMQP.ChannelMax,
+					Users:                  d.Config.AMQP.Users,
+					OpenLoginsFromAnywhere: d.Config.AMQP.OpenLoginsFromAnywhere,
+					MaxBodySize:            d.Config.AMQP.MaxBodySize,
+					MaxConnections:         d.Config.AMQP.MaxConnections,
 					// amqp091 reads 0 as "its default" and a negative value
 					// as "off"; the config's 0 means off.
 					MaxPendingPublishBytes: zeroOff(int64(d.Config.AMQP.MaxPendingPublishBytes)),

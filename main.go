@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,9 @@ import (
 // exitConfig is the exit code for a bad configuration.
 const exitConfig = 2
 
+// errVersion: --version was given.
+var errVersion = errors.New("version asked for")
+
 func main() {
 	args := os.Args[1:]
 	mode := "proxy"
@@ -50,6 +54,10 @@ func main() {
 	}
 	if err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		if errors.Is(err, errVersion) {
+			fmt.Println(version())
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", err)
@@ -223,11 +231,17 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 	v := viper.New()
 	fs := pflag.NewFlagSet("kubemq-proxy", pflag.ContinueOnError)
 	configFile := fs.String("config", "", "config file (default ./config.yaml when it exists)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := addFlags(fs, v, "", reflect.ValueOf(def)); err != nil {
 		return def, err
 	}
+	describeFlags(fs)
+	fs.Usage = func() { printUsage(os.Stdout, fs) }
 	if err := fs.Parse(args); err != nil {
 		return def, err
+	}
+	if *showVersion {
+		return def, errVersion
 	}
 	if fs.NArg() > 0 {
 		return def, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -262,6 +276,7 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 	cfg := def
 	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			jsonStringToMap,
 			mapstructure.StringToTimeDurationHookFunc(),
 			mapstructure.StringToSliceHookFunc(","),
 		)
@@ -270,6 +285,23 @@ func loadConfig(args, environ []string) (proxy.Config, error) {
 		return def, err
 	}
 	return cfg, cfg.Validate()
+}
+
+// jsonStringToMap decodes a map-valued key given as a string (an environment variable such as
+// KUBEMQ_PROXY_AMQP_USERS='{"alice":"pw"}') as a JSON object.
+func jsonStringToMap(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to.Kind() != reflect.Map {
+		return data, nil
+	}
+	s := strings.TrimSpace(data.(string))
+	if s == "" {
+		return map[string]string{}, nil
+	}
+	m := map[string]string{}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("expected a JSON object of strings, e.g. {\"alice\":\"secret\"}: %v", err)
+	}
+	return m, nil
 }
 
 // envKey maps an environment suffix such as GCP_LISTEN or AMQP_TLS_LISTEN

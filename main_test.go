@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -150,5 +152,38 @@ func TestSetMemoryLimitFromContainer(t *testing.T) {
 	}
 	if e := logs.FilterMessage("go memory limit").All(); len(e) != 1 || e[0].ContextMap()["source"] != "GOMEMLIMIT" {
 		t.Fatalf("log %+v", e)
+	}
+}
+
+// Every flag has a description (taken from the comment above its key in config.yaml), and
+// --version and --help are answered without starting anything.
+func TestFlagHelp(t *testing.T) {
+	def := proxy.Defaults()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	if err := addFlags(fs, viper.New(), "", reflect.ValueOf(def)); err != nil {
+		t.Fatal(err)
+	}
+	describeFlags(fs)
+	n := 0
+	fs.VisitAll(func(f *pflag.Flag) {
+		n++
+		if strings.TrimSpace(f.Usage) == "" {
+			t.Errorf("flag --%s has no description: document its key in config.yaml", f.Name)
+		}
+	})
+	if n < 40 {
+		t.Fatalf("only %d flags", n)
+	}
+	if h := keyHelp(configYAML)["gcp.listen"]; !strings.Contains(h, "Pub/Sub") {
+		t.Errorf("gcp.listen help = %q", h)
+	}
+	if _, err := loadConfig([]string{"--version"}, nil); !errors.Is(err, errVersion) {
+		t.Errorf("--version: %v", err)
+	}
+	if _, err := loadConfig([]string{"--gcp.listen", "nothost:abc"}, nil); err == nil || !strings.Contains(err.Error(), "gcp.listen") {
+		t.Errorf("a listen address with a named port: %v", err)
+	}
+	if v := version(); !strings.HasPrefix(v, "kubemq-proxy ") {
+		t.Errorf("version() = %q", v)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
@@ -159,4 +160,17 @@ func parseLogin(mechanism, response string) (user, password string, ok bool) {
 		return user, password, true
 	}
 	return "", "", false
+}
+
+// loopbackPeer reports whether a is a loopback address (127.0.0.0/8, ::1).
+func loopbackPeer(a net.Addr) bool {
+	if a == nil {
+		return false
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		host = a.String()
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

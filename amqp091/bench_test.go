@@ -24,9 +24,23 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 20000x ./amqp091/
 //
-// Each reports msg/s (deliveries/s for the topic row as well).
+// KUBEMQ_ADDRESS puts the proxy on that KubeMQ; BENCH_DURABLE=1 makes queues durable and
+// messages persistent on both brokers. BenchmarkCelery runs tasks, not messages: give it its
+// own -benchtime (200x). Each reports msg/s (deliveries/s for the topic row as well).
 
 const benchBody = 1024
+
+// benchDurable (BENCH_DURABLE=1): durable queues and persistent messages on both brokers
+// (RabbitMQ then writes every message to disk before confirming it).
+var benchDurable = os.Getenv("BENCH_DURABLE") == "1"
+
+func benchPublishing(body []byte) amqp.Publishing {
+	p := amqp.Publishing{Body: body}
+	if benchDurable {
+		p.DeliveryMode = amqp.Persistent
+	}
+	return p
+}
 
 type benchTarget struct {
 	name string
@@ -61,7 +75,7 @@ func benchDial(b *testing.B, url string) (*amqp.Connection, *amqp.Channel) {
 func benchQueue(b *testing.B, ch *amqp.Channel, name string) string {
 	b.Helper()
 	name = name + "-" + randHex(3)
-	if _, err := ch.QueueDeclare(name, false, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(name, benchDurable, false, false, false, nil); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ch.QueueDelete(name, false, false, false) })
@@ -100,7 +114,7 @@ func fill(b *testing.B, ch *amqp.Channel, q string, n int) {
 	body := make([]byte, benchBody)
 	var last *amqp.DeferredConfirmation
 	for i := range n {
-		dc, err := ch.PublishWithDeferredConfirm("", q, false, false, amqp.Publishing{Body: body})
+		dc, err := ch.PublishWithDeferredConfirm("", q, false, false, benchPublishing(body))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -125,7 +139,7 @@ func BenchmarkPublish(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
-				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: body}); err != nil {
+				if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -162,7 +176,7 @@ func BenchmarkPublishConfirms(b *testing.B) {
 				for out >= 1000 {
 					wait()
 				}
-				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: body}); err != nil {
+				if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
 					b.Fatal(err)
 				}
 				out++
@@ -255,7 +269,7 @@ func BenchmarkTopicFanout(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for i := range b.N {
-				if err := pch.Publish(x, "bench.key."+strconv.Itoa(i%7), false, false, amqp.Publishing{Body: body}); err != nil {
+				if err := pch.Publish(x, "bench.key."+strconv.Itoa(i%7), false, false, benchPublishing(body)); err != nil {
 					b.Fatal(err)
 				}
 			}

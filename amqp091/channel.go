@@ -1,7 +1,6 @@
 package amqp091
 
 import (
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,15 +49,19 @@ type channel struct {
 	confirm          bool
 	tx               *txState
 	handles          map[*queue]*delivery.Handle
-	scratch          []string // routing buffer
+	getLinks         map[*queue]*fwdLink // basic.get of queues another replica holds
+	scratch          []string            // routing buffer
 
 	// Delivery bookkeeping, shared with consumer goroutines.
 	dmu            sync.Mutex // guards the fields below
 	nextTag        uint64
 	unacked        map[uint64]*unacked
-	order          []uint64 // delivery tags in delivery order; settled ones are skipped
-	globalPrefetch uint16   // basic.qos global=true: limit for the whole channel
-	stopped        bool     // no more deliveries (closing)
+	order          []uint64              // delivery tags in delivery order; settled ones are skipped
+	globalPrefetch uint16                // basic.qos global=true: limit for the whole channel
+	stopped        bool                  // no more deliveries (closing)
+	links          map[*fwdLink]struct{} // open links to other replicas (forward.go)
+	fwdInflight    int                   // credit the links granted and the holders have not used
+	voided         int                   // void entries of unacked (forward.go)
 
 	confirms confirmTracker
 
@@ -70,8 +73,11 @@ type channel struct {
 
 // unacked is one delivery the client has not settled yet.
 type unacked struct {
-	d      *delivery.Delivery
+	d      *delivery.Delivery // nil for a forwarded delivery
 	h      *delivery.Handle
+	fwd    *fwdLink  // a forwarded delivery's link (forward.go); nil for a local one
+	key    uint64    // a forwarded delivery's key on fwd
+	void   bool      // fwd broke: the delivery comes again; it no longer counts against prefetch (guarded by dmu)
 	cons   *consumer // nil for basic.get
 	queue  *queue
 	tag    uint64
@@ -83,6 +89,7 @@ func newChannel(c *conn, id uint16) *channel {
 		c: c, id: id, log: c.log.With(zap.Uint16("channel", id)),
 		cmds: make(chan command, channelQueue), done: make(chan struct{}), wake: make(chan struct{}, 1), flushed: make(chan struct{}, 1),
 		consumers: map[string]*consumer{}, handles: map[*queue]*delivery.Handle{}, unacked: map[uint64]*unacked{},
+		getLinks: map[*queue]*fwdLink{}, links: map[*fwdLink]struct{}{},
 	}
 	ch.confirms.ch = ch
 	return ch
@@ -281,6 +288,7 @@ func (ch *channel) shutdown() {
 		}
 		ch.settle(back, rq)
 	}
+	ch.closeLinks()
 	for q, h := range ch.handles {
 		h.Close()
 		delete(ch.handles, q)
@@ -314,38 +322,8 @@ func (ch *channel) awaitPublishes() error {
 	return nil
 }
 
-// handle returns the channel's lease handle on q, acquiring it once.
-func (ch *channel) handleFor(q *queue) (*delivery.Handle, error) {
-	if h := ch.handles[q]; h != nil {
-		return h, nil
-	}
-	q.markUsed()
-	h, err := ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
-	// Another replica holds the queue: wait for its hold to lapse (a replica that died, or
-	// this one's previous process) rather than fail the channel at once.
-	for wait := time.Now().Add(ownerWait); errors.Is(err, delivery.ErrNotOwner) && time.Now().Before(wait); {
-		select {
-		case <-time.After(250 * time.Millisecond):
-		case <-ch.c.ctx.Done():
-			return nil, errShutdown()
-		}
-		h, err = ch.c.srv.deliveries.Acquire(ch.c.ctx, q.channel)
-	}
-	if err != nil {
-		if errors.Is(err, delivery.ErrClosed) {
-			return nil, errShutdown()
-		}
-		if errors.Is(err, delivery.ErrNotOwner) {
-			return nil, wire.ConnectionForced("queue %s is consumed through another kubemq-proxy replica, which this one cannot reach (cluster.listen, cluster.advertise, cluster.secret)", q.name)
-		}
-		return nil, err
-	}
-	ch.handles[q] = h
-	return h, nil
-}
-
-// ownerWait bounds how long a channel waits for a queue another replica holds (a dead
-// replica's hold lapses after cluster.lease, 8 s by default).
+// ownerWait bounds how long a channel waits for a queue another replica holds when it cannot
+// reach that replica (a dead replica's hold lapses after cluster.lease, 8 s by default).
 const ownerWait = 15 * time.Second
 
 // queueFor resolves the queue a method names, applying RabbitMQ's

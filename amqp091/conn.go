@@ -248,8 +248,12 @@ func (c *conn) handshake(hw *wire.FrameWriter) error {
 		return err
 	}
 	user := l.user
-	if !c.srv.users.allow(l) {
-		c.log.Warn("login refused", zap.String("user", user), zap.String("mechanism", so.Mechanism))
+	allowed, why := c.srv.users.allow(l), "wrong user name or password"
+	if allowed && len(c.srv.users) == 0 && !l.external && !o.OpenLoginsFromAnywhere && !loopbackPeer(c.nc.RemoteAddr()) {
+		allowed, why = false, "no amqp.users are configured: open logins are accepted from loopback addresses only (set amqp.users, or amqp.open_logins_from_anywhere)"
+	}
+	if !allowed {
+		c.log.Warn("login refused", zap.String("user", user), zap.String("mechanism", so.Mechanism), zap.String("reason", why))
 		e := wire.AccessRefused("Login was refused using authentication mechanism %s. For details see the broker logfile.", so.Mechanism)
 		e.Hard = true
 		if !authFailureClose {

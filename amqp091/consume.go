@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
@@ -36,21 +37,31 @@ const (
 )
 
 // consumer is one basic.consume. Its queue's dispatcher delivers to it
-// within its credit.
+// within its credit. Three kinds: a client's consumer served here (ch set,
+// fwd nil), a client's consumer forwarded to the replica that holds the
+// queue (ch and fwd set: deliveries come over fwd, see forward.go), and on
+// that replica, another replica's forwarded consumer (peer set, ch nil: see
+// peer.go), which the dispatcher serves like a local one within the credit
+// the other replica grants.
 type consumer struct {
-	ch        *channel
+	ch        *channel  // nil for another replica's consumer
+	peer      *peerLink // another replica's consumer: its link; nil otherwise
 	tag       string
 	q         *queue
-	d         *dispatcher      // the queue's dispatcher it is registered with
-	h         *delivery.Handle // the channel's handle on q, for settlements
+	d         *dispatcher      // the queue's dispatcher it is registered with; nil while forwarded (guarded by q.vh.mu)
+	h         *delivery.Handle // the handle on q for settlements (guarded by ch.dmu once forwarding began)
 	noAck     bool
 	exclusive bool
 	priority  int64  // x-priority: higher first; RabbitMQ's default is 0
 	prefetch  uint16 // per-consumer limit; 0 = none
 
-	// Guarded by ch.dmu.
+	// Guarded by ch.dmu (peer.mu for another replica's consumer).
 	outstanding int
 	stopped     bool
+	fwd         *fwdLink      // the link it is forwarded over now; nil when served here
+	done        chan struct{} // closed when stopped (forwarded consumers)
+
+	forwarded bool // began as a forwarded consumer (then d is guarded by q.vh.mu); set before it is shared
 
 	// Owned by the dispatcher's goroutine.
 	served uint64 // the dispatcher's count when it last delivered to it
@@ -74,7 +85,7 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	if err != nil {
 		return err
 	}
-	h, err := ch.handleFor(q)
+	h, pc, err := ch.resolve(q)
 	if err != nil {
 		return err
 	}
@@ -99,11 +110,33 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	if m.Exclusive {
 		q.exclusiveConsumer = true
 	}
-	if q.disp == nil {
-		q.disp = newDispatcher(c.srv, q)
+	if h != nil {
+		if q.disp == nil {
+			q.disp = newDispatcher(c.srv, q)
+		}
+		cs.d = q.disp
 	}
-	cs.d = q.disp
 	vh.mu.Unlock()
+	var l *fwdLink
+	if h == nil {
+		// Another replica holds the queue: the consumer is forwarded to it.
+		// Its refusals (exclusive use, no queue) answer the consume; a
+		// holder that cannot be reached now is resolved again by the
+		// consumer's goroutine.
+		cs.done, cs.forwarded = make(chan struct{}), true
+		l, err = ch.openLink(pc, q, cs)
+		var ae *wire.Error
+		if errors.As(err, &ae) {
+			vh.mu.Lock()
+			delete(q.consumers, cs)
+			if m.Exclusive {
+				q.exclusiveConsumer = false
+			}
+			vh.mu.Unlock()
+			return ae
+		}
+		cs.fwd = l // nil when the link failed: the goroutine resolves the holder anew
+	}
 	ch.consumers[tag] = cs
 	if !m.NoWait {
 		ch.send(&wire.BasicConsumeOk{ConsumerTag: tag})
@@ -111,6 +144,10 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	c.srv.m.consumers.Inc()
 	c.nConsumers.Add(1)
 	// Registered after consume-ok is queued: its first delivery follows it.
+	if cs.forwarded {
+		c.srv.goForward(cs, l, cs.done)
+		return nil
+	}
 	cs.d.add(cs)
 	return nil
 }
@@ -160,7 +197,15 @@ func (ch *channel) cancelByServer(cs *consumer, why string) {
 func (ch *channel) stopConsumer(cs *consumer) {
 	ch.dmu.Lock()
 	cs.stopped = true
+	l := cs.fwd
+	if cs.done != nil {
+		close(cs.done)
+		cs.done = nil
+	}
 	ch.dmu.Unlock()
+	if l != nil {
+		l.cancel() // its deliveries may still be settled over it
+	}
 	ch.c.srv.m.consumers.Dec()
 	ch.c.nConsumers.Add(-1)
 	q := cs.q
@@ -169,10 +214,12 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	if cs.exclusive {
 		q.exclusiveConsumer = false
 	}
-	cs.d.remove(cs)
-	if q.disp == cs.d && len(q.consumers) == 0 {
-		q.disp = nil
-		cs.d.stop()
+	if cs.d != nil {
+		cs.d.remove(cs)
+		if q.disp == cs.d && cs.d.empty() {
+			q.disp = nil
+			cs.d.stop()
+		}
 	}
 	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
 	q.vh.mu.Unlock()
@@ -230,6 +277,13 @@ func (d *dispatcher) remove(cs *consumer) {
 	l := slices.Clone(d.consumers)
 	d.list.Store(&l)
 	d.mu.Unlock()
+}
+
+// empty reports whether no consumer is registered.
+func (d *dispatcher) empty() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.consumers) == 0
 }
 
 // stop ends the dispatcher; what it fetched and did not deliver goes back.
@@ -296,6 +350,10 @@ func (d *dispatcher) run() {
 func (d *dispatcher) failConsumers(err error) {
 	d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
 	for _, cs := range *d.list.Load() {
+		if cs.peer != nil {
+			cs.peer.fail(err)
+			continue
+		}
 		cs.ch.c.fail(backendError(err))
 	}
 }
@@ -304,11 +362,12 @@ func (d *dispatcher) failConsumers(err error) {
 func (d *dispatcher) credit() int {
 	n := 0
 	for _, cs := range *d.list.Load() {
-		cs.ch.dmu.Lock()
-		if !cs.stopped && !cs.ch.stopped {
+		mu := cs.mu()
+		mu.Lock()
+		if cs.activeLocked() {
 			n += cs.creditLocked()
 		}
-		cs.ch.dmu.Unlock()
+		mu.Unlock()
 	}
 	return min(n, maxFetch)
 }
@@ -350,8 +409,27 @@ func (d *dispatcher) distribute(ds []*delivery.Delivery) []*delivery.Delivery {
 	return nil
 }
 
+// mu is the mutex that guards cs's delivery state.
+func (cs *consumer) mu() *sync.Mutex {
+	if cs.peer != nil {
+		return &cs.peer.mu
+	}
+	return &cs.ch.dmu
+}
+
+// activeLocked reports whether cs may still get deliveries.
+func (cs *consumer) activeLocked() bool {
+	if cs.peer != nil {
+		return !cs.stopped
+	}
+	return !cs.stopped && !cs.ch.stopped
+}
+
 // creditLocked is how many more deliveries cs may have in flight.
 func (cs *consumer) creditLocked() int {
+	if cs.peer != nil {
+		return max(min(cs.peer.credit, fetchBatch), 0)
+	}
 	if cs.noAck {
 		return fetchBatch
 	}
@@ -360,7 +438,8 @@ func (cs *consumer) creditLocked() int {
 		n = min(n, int(cs.prefetch)-cs.outstanding)
 	}
 	if g := cs.ch.globalPrefetch; g > 0 {
-		n = min(n, int(g)-len(cs.ch.unacked))
+		// Credit granted to the channel's forwarded consumers is taken.
+		n = min(n, int(g)-(len(cs.ch.unacked)-cs.ch.voided)-cs.ch.fwdInflight)
 	}
 	return max(n, 0)
 }
@@ -380,6 +459,9 @@ func decodeDelivery(queue string, d *delivery.Delivery) decoded {
 // and the frame queued under dmu, so delivery tags reach the wire in
 // increasing order and never after the consumer stopped.
 func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
+	if cs.peer != nil {
+		return cs.peer.deliver(cs, d)
+	}
 	ch := cs.ch
 	ch.dmu.Lock()
 	if cs.stopped || ch.stopped || cs.creditLocked() == 0 {
@@ -414,10 +496,19 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	if err != nil {
 		return err
 	}
-	h, err := ch.handleFor(q)
+	h, pc, err := ch.resolve(q)
 	if err != nil {
 		return err
 	}
+	if h == nil {
+		return ch.getForwarded(q, pc, m)
+	}
+	return ch.getHere(q, h, m)
+}
+
+// getHere is basic.get of a queue this replica holds.
+func (ch *channel) getHere(q *queue, h *delivery.Handle, m *wire.BasicGet) error {
+	c := ch.c
 	// RabbitMQ orders a channel's methods: what it published is in the
 	// queue before the get looks.
 	if err := ch.awaitPublishes(); err != nil {
@@ -501,8 +592,14 @@ func (ch *channel) take(tag uint64, multiple bool) ([]*unacked, error) {
 	}
 	for _, u := range out {
 		delete(ch.unacked, u.tag)
-		if u.cons != nil {
+		switch {
+		case u.void:
+			ch.voided--
+		case u.cons != nil:
 			u.cons.outstanding--
+		}
+		if u.fwd != nil {
+			u.fwd.held--
 		}
 	}
 	ch.compactOrderLocked()
@@ -534,8 +631,14 @@ func (ch *channel) restore(us []*unacked) {
 	for _, u := range us {
 		ch.unacked[u.tag] = u
 		ch.order = append(ch.order, u.tag)
-		if u.cons != nil {
+		switch {
+		case u.void:
+			ch.voided++
+		case u.cons != nil:
 			u.cons.outstanding++
+		}
+		if u.fwd != nil {
+			u.fwd.held++
 		}
 	}
 	slices.Sort(ch.order)
@@ -620,7 +723,25 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 		}
 		return b
 	}
+	type keys struct{ ack, back []uint64 }
+	var fwd map[*fwdLink]*keys
 	for i, u := range us {
+		if u.fwd != nil {
+			if fwd == nil {
+				fwd = map[*fwdLink]*keys{}
+			}
+			k := fwd[u.fwd]
+			if k == nil {
+				k = &keys{}
+				fwd[u.fwd] = k
+			}
+			if requeue != nil && requeue[i] && !u.queue.isDeleted() {
+				k.back = append(k.back, u.key)
+			} else {
+				k.ack = append(k.ack, u.key)
+			}
+			continue
+		}
 		b := get(u.h)
 		if requeue != nil && requeue[i] && !u.queue.isDeleted() {
 			b.back = append(b.back, u.d.LeaseID)
@@ -644,13 +765,41 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 	for h, b := range by {
 		apply(h, b)
 	}
+	for l, k := range fwd {
+		l.settle(peerpb.Settle_ACK, k.ack...)
+		l.settle(peerpb.Settle_REQUEUE, k.back...)
+		ch.c.srv.m.acked.Add(float64(len(k.ack)))
+		ch.c.srv.m.requeued.Add(float64(len(k.back)))
+		ch.dmu.Lock()
+		idle := l.cancelled && l.held == 0
+		ch.dmu.Unlock()
+		if idle {
+			l.close()
+		}
+	}
 }
 
 // kickConsumers tells the dispatchers of the channel's consumers that
 // credit may have been freed.
 func (ch *channel) kickConsumers() {
 	for _, cs := range ch.consumers {
-		cs.d.wake()
+		if !cs.forwarded {
+			cs.d.wake()
+			continue
+		}
+		ch.dmu.Lock()
+		l := cs.fwd
+		ch.dmu.Unlock()
+		if l != nil {
+			l.grant()
+			continue
+		}
+		cs.q.vh.mu.Lock()
+		d := cs.d
+		cs.q.vh.mu.Unlock()
+		if d != nil {
+			d.wake()
+		}
 	}
 }
 

@@ -367,13 +367,10 @@ func (ch *channel) declareOk(q *queue, noWait bool) error {
 	if err := ch.awaitPublishes(); err != nil {
 		return err
 	}
-	n, _, err := ch.c.srv.readyCount(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
+	n, _, consumers, err := ch.c.srv.counts(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
 	if err != nil {
 		return err
 	}
-	q.vh.mu.Lock()
-	consumers := len(q.consumers)
-	q.vh.mu.Unlock()
 	ch.send(&wire.QueueDeclareOk{Queue: q.name, MessageCount: n, ConsumerCount: uint32(consumers)})
 	return nil
 }
@@ -420,6 +417,13 @@ func (ch *channel) queueDelete(m *wire.QueueDelete) error {
 		vh.mu.Lock()
 		n := len(q.consumers)
 		vh.mu.Unlock()
+		if n == 0 && ch.c.srv.peers != nil {
+			// Consumers of other replicas are known to the queue's holder.
+			var err error
+			if _, _, n, err = ch.c.srv.counts(ch.c.ctx, q); err != nil {
+				return err
+			}
+		}
 		if n > 0 {
 			return wire.PreconditionFailed("%s in use", rsQueue(name, vn))
 		}

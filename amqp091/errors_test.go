@@ -14,7 +14,8 @@ import (
 )
 
 // TestRabbitMQReplies checks the reply codes and texts RabbitMQ 3.10.8 gives
-// (../shared/features/rabbitmq-3.10.8-replies.txt), with vhost '/' replaced
+// (recorded from a RabbitMQ 3.10.8 node, and checked again against one
+// when rabbitmq-server is installed), with vhost '/' replaced
 // by the test's vhost.
 func TestRabbitMQReplies(t *testing.T) {
 	brokers(t, func(t *testing.T, e *env) {

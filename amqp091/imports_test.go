@@ -9,7 +9,7 @@ import (
 // The front-end reaches KubeMQ only through kubemqclient (and the lease
 // engine and registry built on it): it imports no KubeMQ wire types, and
 // depends on neither the other front-end, the lifecycle package, the
-// embedded server nor the configuration library (STYLE.md rule 1).
+// embedded server nor the configuration library (docs/ARCHITECTURE.md, "Import rules").
 func TestImportGraph(t *testing.T) {
 	const mod = "github.com/kubemq-io/kubemq-proxy/"
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"amqp091/...").CombinedOutput()

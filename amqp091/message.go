@@ -14,8 +14,8 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 )
 
-// How an AMQP message is stored as a KubeMQ queue message (DESIGN.md,
-// "Messages across protocols"). The names below are a documented contract:
+// How an AMQP message is stored as a KubeMQ queue message (amqp091/README.md,
+// "Message mapping"). The names below are a documented contract:
 // native KubeMQ clients read and write them.
 //
 //   - Body: the AMQP payload, unchanged.

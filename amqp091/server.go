@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -42,8 +43,13 @@ type Options struct {
 	// ChannelMax proposed in connection.tune; default 2047.
 	ChannelMax int
 	// Users maps user names to passwords, plain or "sha256:<hex>". Empty
-	// accepts any credentials.
+	// accepts any credentials, from loopback peers only unless
+	// OpenLoginsFromAnywhere (RabbitMQ's rule for its default guest user).
 	Users map[string]string
+	// OpenLoginsFromAnywhere accepts any credentials from any address when
+	// Users is empty; off, such logins are refused (403) unless the peer is
+	// on a loopback address.
+	OpenLoginsFromAnywhere bool
 	// External offers SASL EXTERNAL to TLS peers whose client certificate
 	// the listener verified: the certificate's CN is the user, which must
 	// be in Users when Users is set (RabbitMQ's rabbitmq_auth_mechanism_ssl
@@ -85,6 +91,13 @@ type Options struct {
 	// in the per-queue message and byte counters; later queues share the
 	// label "_other". Default 100; negative: every queue is "_other".
 	MetricsQueueLabels int
+
+	// Peers reaches the replica that holds a queue when several replicas
+	// share one KubeMQ: consumers, basic.get, message counts and purges of
+	// a queue another replica holds are forwarded to it (forward.go). nil:
+	// a channel waits for such a queue's hold to lapse (ownerWait), then
+	// closes the connection with 320.
+	Peers Peers
 
 	// backend replaces Client for publishing and queue counts (tests: a
 	// slow or failing KubeMQ).
@@ -177,13 +190,16 @@ type Server struct {
 	pub           *publisher
 	m             *metrics
 	unwatch       func()
+	peers         Peers           // nil: no forwarding (one replica, or no cluster secret)
 	ctx           context.Context // ends at Shutdown
 	cancel        context.CancelFunc
 	nextID        atomic.Uint64
 
-	mu        sync.Mutex // guards listeners, conns, closed, downSince
+	mu        sync.Mutex // guards listeners, conns, closed, downSince, links, standIns
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
+	links     map[*peerLink]struct{} // other replicas' links served here (peer.go)
+	standIns  map[string]*standIn    // by KubeMQ channel (peer.go)
 	closed    bool
 	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops
 	downErr   error
@@ -197,6 +213,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts: opts, log: opts.Logger.Named("amqp091"), b: opts.Client, deliveries: opts.Deliveries,
 		users: users(opts.Users), listeners: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+		links: map[*peerLink]struct{}{}, standIns: map[string]*standIn{}, peers: opts.Peers,
 		m: newMetrics(opts.Metrics, opts.MetricsQueueLabels),
 	}
 	if len(opts.Vhosts) > 0 {
@@ -320,7 +337,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.shutdown(errShutdown())
 	}
-	s.cancel() // the readiness watcher, and any work still bound to a connection
+	// Other replicas' consumers: nothing new goes out, settlements of what
+	// is out are still taken for a while (drainWait).
+	s.drainLinks(ctx)
+	s.cancel() // the readiness watcher, the links, and any work still bound to a connection
 	done := make(chan struct{})
 	go func() {
 		s.wg.Wait()
@@ -409,15 +429,15 @@ func (s *Server) watchReady() {
 	}
 }
 
-// waiting returns how many messages wait in q (KubeMQ's count).
-func (s *Server) waiting(ctx context.Context, q *queue) (n uint32, known bool, err error) {
+// waiting returns how many messages wait in KubeMQ channel ch (KubeMQ's count).
+func (s *Server) waiting(ctx context.Context, ch string) (n uint32, known bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	info, err := s.b.QueuesInfo(ctx, q.channel)
+	info, err := s.b.QueuesInfo(ctx, ch)
 	if err != nil {
 		return 0, false, err
 	}
-	qi, l := info.Lookup(q.channel)
+	qi, l := info.Lookup(ch)
 	switch {
 	case l == kubemqclient.Ambiguous:
 		return 0, false, nil // the server lists another queue under the same name
@@ -429,11 +449,32 @@ func (s *Server) waiting(ctx context.Context, q *queue) (n uint32, known bool, e
 
 // readyCount returns how many messages of q a consumer could get now: KubeMQ's
 // count and the lease engine's buffer, without lease records (see
-// delivery.Manager.Ready). known is false when KubeMQ cannot count q.
+// delivery.Manager.Ready). known is false when KubeMQ cannot count q. The
+// replica that holds q counts it (its buffer is part of the count).
 func (s *Server) readyCount(ctx context.Context, q *queue) (n uint32, known bool, err error) {
+	n, known, _, err = s.counts(ctx, q)
+	return n, known, err
+}
+
+// counts is readyCount with q's consumer count: this replica's, or, when
+// another replica holds q, the holder's (which includes the consumers this
+// one forwarded to it).
+func (s *Server) counts(ctx context.Context, q *queue) (n uint32, known bool, consumers int, err error) {
+	q.vh.mu.Lock()
+	consumers = len(q.consumers)
+	q.vh.mu.Unlock()
+	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT); ok {
+		return r.Count, r.Known, max(consumers, int(r.Consumers)), nil
+	}
+	n, known, err = s.localReadyCount(ctx, q.channel)
+	return n, known, consumers, err
+}
+
+// localReadyCount is readyCount for KubeMQ channel ch by this replica.
+func (s *Server) localReadyCount(ctx context.Context, ch string) (n uint32, known bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := s.deliveries.Ready(ctx, q.channel)
+	r, err := s.deliveries.Ready(ctx, ch)
 	if err != nil || r < 0 {
 		return 0, false, err
 	}
@@ -442,24 +483,34 @@ func (s *Server) readyCount(ctx context.Context, q *queue) (n uint32, known bool
 
 // purge removes the ready messages of q: those the lease engine holds
 // for it and those in KubeMQ (deliveries out stay, as in RabbitMQ). It
-// returns how many were ready. KubeMQ's purge waits at least a second, so
-// a KubeMQ queue known to be empty is not purged at all.
+// returns how many were ready. The replica that holds q purges it (its
+// buffer is part of what is ready).
 func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
-	n, known, err := s.readyCount(ctx, q)
+	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_PURGE); ok {
+		return r.Count, nil
+	}
+	return s.localPurge(ctx, q.channel)
+}
+
+// localPurge is purge of KubeMQ channel ch by this replica. KubeMQ's purge
+// waits at least a second, so a KubeMQ queue known to be empty is not
+// purged at all.
+func (s *Server) localPurge(ctx context.Context, ch string) (uint32, error) {
+	n, known, err := s.localReadyCount(ctx, ch)
 	if err != nil {
 		return 0, err
 	}
 	dropped := 0
-	if c := s.deliveries.Lookup(q.channel); c != nil {
+	if c := s.deliveries.Lookup(ch); c != nil {
 		dropped = c.Purge()
 	}
-	w, wknown, err := s.waiting(ctx, q)
+	w, wknown, err := s.waiting(ctx, ch)
 	if err != nil || (wknown && w == 0) {
 		return n, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	got, err := s.b.AckAllQueueMessages(ctx, q.channel, time.Second)
+	got, err := s.b.AckAllQueueMessages(ctx, ch, time.Second)
 	if err != nil {
 		return 0, err
 	}

@@ -376,6 +376,10 @@ func (v *vhost) removeQueue(q *queue, why string) routing.Removal {
 	v.mu.Unlock()
 	r := v.routes.DeleteQueue(q.name)
 	for _, cs1 := range cs {
+		if cs1.peer != nil { // another replica's consumer: it tells its client
+			cs1.peer.cancelled(why)
+			continue
+		}
 		cs1.ch.post(func() { cs1.ch.cancelByServer(cs1, why) })
 	}
 	return r

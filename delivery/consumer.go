@@ -184,6 +184,9 @@ type Stats struct {
 	// TransientRefusals counts Gets the server refused for now on a stream that went on
 	// (retried after a backoff; nothing held was given up).
 	TransientRefusals uint64
+	// RecordTimeouts counts record stores the backend left unanswered within one attempt
+	// (sent again under fresh ids).
+	RecordTimeouts uint64
 	// Requeued counts deliveries given back in place (Requeue) and Purged buffered leases
 	// dropped by Purge.
 	Requeued, Purged uint64
@@ -195,7 +198,7 @@ type Stats struct {
 type counters struct {
 	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
-	corrupt, storeFailures, leasesLost, resets, transient, requeued, purged,
+	corrupt, storeFailures, leasesLost, resets, transient, recordTimeouts, requeued, purged,
 	sentinelsStored, sentinelsReturned, sentinelsBounced, sentinelsDropped atomic.Uint64
 }
 
@@ -834,6 +837,7 @@ func (c *Consumer) Stats() Stats {
 	s.StoreFailures = c.st.storeFailures.Load()
 	s.LeasesLost = c.st.leasesLost.Load()
 	s.TransientRefusals = c.st.transient.Load()
+	s.RecordTimeouts = c.st.recordTimeouts.Load()
 	s.Requeued = c.st.requeued.Load()
 	s.Purged = c.st.purged.Load()
 	s.Resets = c.st.resets.Load()

@@ -879,3 +879,32 @@ func TestRandomWorkload(t *testing.T) {
 		checkNoViolations(t, f)
 	})
 }
+
+// The real KubeMQ now and then leaves a delayed send unanswered for half a minute while other
+// sends go through: a record store that hangs is sent again after recordAttempt, so the batch
+// waiting on it is delivered seconds late, not StoreTimeout late.
+func TestUnansweredRecordStoreIsSentAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeKubeMQ(t)
+		var hung atomic.Int32
+		f.sendHang = func(_ string, msgs []Message) bool {
+			return msgs[0].DelaySeconds > 0 && hung.Add(1) == 1 // the first record store only
+		}
+		c, _ := newTestConsumer(t, f, Options{})
+		defer closeConsumer(t, c)
+		f.send(t, testQueue, "m1")
+		start := time.Now()
+		ds, err := c.Fetch(context.Background(), 10)
+		if err != nil || len(ds) != 1 || ds[0].MessageID != "m1" {
+			t.Fatalf("Fetch = %v, %v", ds, err)
+		}
+		if took := time.Since(start); took < recordAttempt || took > recordAttempt+2*time.Second {
+			t.Errorf("delivered after %v, want about %v (one unanswered attempt)", took, recordAttempt)
+		}
+		if s := c.Stats(); s.RecordTimeouts != 1 || s.StoreFailures != 0 {
+			t.Errorf("RecordTimeouts %d, StoreFailures %d; want 1, 0", s.RecordTimeouts, s.StoreFailures)
+		}
+		c.Ack(ds[0].LeaseID)
+		checkNoViolations(t, f)
+	})
+}

@@ -23,6 +23,7 @@ type fakeKubeMQ struct {
 	changed    chan struct{} // closed and replaced on every change
 	violations []string
 	sendFail   func(queue string, msgs []Message) ([]error, error) // nil = store everything
+	sendHang   func(queue string, msgs []Message) bool             // true: the send is never answered (until ctx ends)
 	ambiguous  func(queue string, msgs []Message) bool             // true: store, then report failure
 	getFail    func(queue string) error                            // non-nil: the Get is refused, the stream goes on
 	uncounted  bool                                                // Waiting answers -1 (kubemqclient.Ambiguous)
@@ -165,6 +166,13 @@ func (c *fakeClient) Send(ctx context.Context, queue string, msgs []Message) ([]
 		return nil, errFakeBad
 	}
 	f := c.f
+	f.mu.Lock()
+	hang := f.sendHang
+	f.mu.Unlock()
+	if hang != nil && hang(queue, msgs) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.sends++

@@ -32,6 +32,7 @@ func (s *Stats) add(o Stats) {
 	s.LeasesLost += o.LeasesLost
 	s.Resets += o.Resets
 	s.TransientRefusals += o.TransientRefusals
+	s.RecordTimeouts += o.RecordTimeouts
 	s.Requeued += o.Requeued
 	s.Purged += o.Purged
 	s.SentinelsStored += o.SentinelsStored
@@ -106,6 +107,8 @@ var metricDescs = func() []metricDesc {
 		c("resets", "Lease-table drops after backend failures.", func(s *Stats) uint64 { return s.Resets }),
 		c("transient_refusals", "Gets the backend refused for now on a stream that went on (retried).",
 			func(s *Stats) uint64 { return s.TransientRefusals }),
+		c("record_timeouts", "Lease record stores the backend left unanswered within one attempt (sent again).",
+			func(s *Stats) uint64 { return s.RecordTimeouts }),
 		c("requeued", "Deliveries given back in place (Requeue).", func(s *Stats) uint64 { return s.Requeued }),
 		c("purged", "Buffered leases dropped by Purge.", func(s *Stats) uint64 { return s.Purged }),
 		c("sentinels_stored", "Sentinel records stored (ordered recovery), including other consumers' ones stored again.",

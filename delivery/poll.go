@@ -631,11 +631,32 @@ func (c *Consumer) storeRecords(b *batch) error {
 // sendAll stores msgs, resending the failed ones under fresh ids (a failure may hide a stored
 // copy, and a repeated id in the delay machinery loses a message) until ctx ends or a
 // failure is not retryable.
+//
+// A send of nothing but delayed records (lease records, sentinels) gets recordAttempt per
+// attempt: the real KubeMQ now and then leaves a delayed send unanswered for half a minute or
+// more while other sends to the same queue go through, and the Get whose transaction waits
+// on the record must not wait with it. A record stored twice is harmless (a copy whose lease
+// is gone or newer is dropped when it comes back); a message copy is never sent twice.
 func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
 	bo := backoff{min: 20 * time.Millisecond, max: time.Second}
+	attempt := time.Duration(0)
+	if allDelayed(msgs) {
+		attempt = recordAttempt
+	}
 	for {
-		res, err := c.b.Send(ctx, c.queue, msgs)
-		if err == nil {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if attempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, attempt)
+		}
+		res, err := c.b.Send(actx, c.queue, msgs)
+		timedOut := err != nil && ctx.Err() == nil && actx.Err() != nil
+		cancel()
+		if timedOut {
+			// It may have been stored: the next attempt uses fresh ids.
+			c.st.recordTimeouts.Add(1)
+			c.log.Warn("lease record store unanswered; sending again", zap.Duration("after", attempt), zap.Int("records", len(msgs)))
+			msgs = withFreshIDs(msgs, c.ids.next)
+		} else if err == nil {
 			c.noteStored(msgs, res)
 			var failed []Message
 			for i, e := range res {
@@ -665,6 +686,27 @@ func (c *Consumer) sendAll(ctx context.Context, msgs []Message) error {
 		case <-t.C:
 		}
 	}
+}
+
+// recordAttempt bounds one attempt to store delayed records (sendAll).
+var recordAttempt = 3 * time.Second
+
+func allDelayed(msgs []Message) bool {
+	for i := range msgs {
+		if msgs[i].DelaySeconds <= 0 {
+			return false
+		}
+	}
+	return len(msgs) > 0
+}
+
+func withFreshIDs(msgs []Message, next func() string) []Message {
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		m.ID = next()
+		out[i] = m
+	}
+	return out
 }
 
 // noteStored tracks the delayed records among msgs that the backend stored (ready.go).

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
-	"cloud.google.com/go/iam/apiv1/iampb"
 	pubsubv1 "cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 )
@@ -309,31 +308,6 @@ func TestSubscriptionAdmin(t *testing.T) {
 }
 
 func statusCode(err error) codes.Code { return status.Code(err) }
-
-func TestIAMPermissive(t *testing.T) {
-	e := startEnv(t)
-	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ic := iampb.NewIAMPolicyClient(conn)
-	ctx := ctxT(t, 10*time.Second)
-	p, err := ic.GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: e.topicName("t")})
-	if err != nil || p.Version != 3 {
-		t.Fatalf("get: %v %v", p, err)
-	}
-	perms := []string{"pubsub.topics.publish", "pubsub.subscriptions.consume"}
-	tr, err := ic.TestIamPermissions(ctx, &iampb.TestIamPermissionsRequest{Resource: e.topicName("t"), Permissions: perms})
-	if err != nil || !slices.Equal(tr.Permissions, perms) {
-		t.Fatalf("test: %v %v", tr, err)
-	}
-	// Schema IAM goes through the same service.
-	p, err = ic.GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: "projects/" + e.project + "/schemas/s"})
-	if err != nil || p.Version != 3 {
-		t.Fatalf("schema policy: %v %v", p, err)
-	}
-}
 
 func TestReadinessGate(t *testing.T) {
 	e := startEnv(t)

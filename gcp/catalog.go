@@ -115,6 +115,7 @@ type catalog struct {
 	byTopic   map[string]map[string]*subEntry // topic id -> subscriptions naming it, any incarnation
 	schemas   map[string]*schemaEntry         // schema id -> schema (schemacatalog.go)
 	revisions map[string]*revEntry            // "{schema}@{revision}" -> definition
+	iam       map[string]*iamEntry            // "topics/t", "subscriptions/s", "schemas/x" -> policy (iam.go)
 }
 
 func newCatalog(log *zap.Logger) *catalog {
@@ -126,6 +127,7 @@ func newCatalog(log *zap.Logger) *catalog {
 
 		schemas:   map[string]*schemaEntry{},
 		revisions: map[string]*revEntry{},
+		iam:       map[string]*iamEntry{},
 	}
 }
 
@@ -140,7 +142,7 @@ func (c *catalog) follow(t topology) (cancel func()) {
 		defer c.mu.Unlock()
 		c.applyLocked(kind, r)
 	})
-	for _, kind := range []string{kindTopic, kindSubscription, kindSchema, kindSchemaRevision} {
+	for _, kind := range []string{kindTopic, kindSubscription, kindSchema, kindSchemaRevision, kindIAM} {
 		for _, r := range t.list(kind) {
 			c.applyLocked(kind, r)
 		}
@@ -150,6 +152,8 @@ func (c *catalog) follow(t topology) (cancel func()) {
 
 func (c *catalog) applyLocked(kind string, r record) {
 	switch kind {
+	case kindIAM:
+		c.applyIAMLocked(r)
 	case kindSchema:
 		c.applySchemaLocked(r)
 	case kindSchemaRevision:

@@ -274,8 +274,8 @@ func TestDeadLetterFailureKeepsKeyOrder(t *testing.T) {
 // looks its leases up under the lock and fails them after unlocking it.
 // In between, the other nack rewinds the key, and a fetch hands the
 // rewound message out again under a new ack id. The first nack, meant for
-// the earlier delivery, must not fail the new one (decision 3: an ack id
-// names one delivery).
+// the earlier delivery, must not fail the new one (an ack id names one
+// delivery).
 func TestStaleNackAfterRewind(t *testing.T) {
 	e := newRTEnv(t, Config{})
 	e.createTopic("t")

@@ -24,8 +24,8 @@ import (
 // per delivery copy; the generation counts this package's own re-deliveries
 // of the same lease (ordered keys redeliver in place), so an ack or modack
 // that names an earlier generation, a settled lease or a lease of a dead
-// process matches nothing and is a no-op (decision 3: a nack followed by a
-// late receipt modack cannot re-lease the message).
+// process matches nothing and is a no-op (so a nack followed by a late
+// receipt modack cannot re-lease the message).
 func ackID(leaseID string, gen uint32) string {
 	return leaseID + "." + strconv.FormatUint(uint64(gen), 10)
 }

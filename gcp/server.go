@@ -245,7 +245,7 @@ func newServer(c core) (*Server, error) {
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
 	pubsubpb.RegisterSchemaServiceServer(s.grpc, &schemaService{s: s})
-	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{})
+	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{s: s})
 	return s, nil
 }
 

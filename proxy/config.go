@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -60,9 +63,16 @@ type AMQPConfig struct {
 	FrameMax     int           `mapstructure:"frame_max"`
 	ChannelMax   int           `mapstructure:"channel_max"`
 	// Users maps user names to passwords, "sha256:<hex>" hashed or plain.
-	// Empty means any credentials are accepted (like a local RabbitMQ's
-	// guest/guest, but for every name).
+	// Empty means any credentials are accepted, from loopback addresses
+	// only (RabbitMQ's rule for its guest user) unless
+	// OpenLoginsFromAnywhere.
 	Users map[string]string `mapstructure:"users"`
+	// OpenLoginsFromAnywhere accepts any credentials from any address while
+	// Users is empty.
+	OpenLoginsFromAnywhere bool `mapstructure:"open_logins_from_anywhere"`
+	// UsersFile reads Users from a file holding a JSON object (a mounted
+	// Secret); it replaces Users.
+	UsersFile string `mapstructure:"users_file"`
 	// MaxBodySize is the largest message body accepted.
 	MaxBodySize int `mapstructure:"max_body_size"`
 	// MaxConnections caps open AMQP connections; 0 = no cap.
@@ -80,9 +90,14 @@ type AMQPConfig struct {
 	PasswordAsKubeMQToken bool `mapstructure:"password_as_kubemq_token"`
 }
 
-// HTTPConfig is the side port: /healthz, /readyz, /metrics.
+// HTTPConfig is the side port: /healthz, /readyz, /metrics open to all;
+// /state and /loglevel for loopback peers or holders of the admin token.
 type HTTPConfig struct {
 	Listen string `mapstructure:"listen"`
+	// AdminToken, if set, lets any peer that sends it as a bearer token use
+	// /state and /loglevel; AdminTokenFile reads it from a file.
+	AdminToken     string `mapstructure:"admin_token"`
+	AdminTokenFile string `mapstructure:"admin_token_file"`
 }
 
 // KubeMQConfig selects the backend. An empty Address runs the embedded
@@ -91,10 +106,12 @@ type KubeMQConfig struct {
 	Address   string `mapstructure:"address"`
 	ClientID  string `mapstructure:"client_id"`
 	AuthToken string `mapstructure:"auth_token"`
-	TLS       bool   `mapstructure:"tls"`
-	CAFile    string `mapstructure:"ca_file"`
-	CertFile  string `mapstructure:"cert_file"`
-	KeyFile   string `mapstructure:"key_file"`
+	// AuthTokenFile reads AuthToken from a file (a mounted Secret).
+	AuthTokenFile string `mapstructure:"auth_token_file"`
+	TLS           bool   `mapstructure:"tls"`
+	CAFile        string `mapstructure:"ca_file"`
+	CertFile      string `mapstructure:"cert_file"`
+	KeyFile       string `mapstructure:"key_file"`
 	// ServerName overrides the TLS server name.
 	ServerName string `mapstructure:"server_name"`
 }
@@ -286,6 +303,8 @@ func (c *Config) Validate() error {
 		{"embedded.tls_cert_file", c.Embedded.TLSCertFile}, {"embedded.tls_key_file", c.Embedded.TLSKeyFile},
 		{"cluster.secret_file", c.Cluster.SecretFile}, {"cluster.tls_cert_file", c.Cluster.TLSCertFile},
 		{"cluster.tls_key_file", c.Cluster.TLSKeyFile}, {"cluster.tls_ca_file", c.Cluster.TLSCAFile},
+		{"amqp.users_file", c.AMQP.UsersFile}, {"kubemq.auth_token_file", c.KubeMQ.AuthTokenFile},
+		{"http.admin_token_file", c.HTTP.AdminTokenFile},
 	} {
 		if f.val == "" {
 			continue
@@ -380,6 +399,11 @@ func checkHostPort(s string) error {
 	if port == "" {
 		return errors.New("missing port")
 	}
+	// A numeric port: a service name would be looked up only when the listener opens, and
+	// fail there instead of here.
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || port != strconv.FormatUint(n, 10) {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
 	return nil
 }
 
@@ -430,4 +454,46 @@ func (c *ClusterConfig) AdvertiseAddr(bound string) string {
 		return bound
 	}
 	return c.Listen
+}
+
+// readSecrets replaces the keys given as files (amqp.users_file, kubemq.auth_token_file,
+// http.admin_token_file) with the files' contents.
+func (c *Config) readSecrets() error {
+	read := func(key, path string) (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", key, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return "", fmt.Errorf("%s: the file %s is empty", key, path)
+		}
+		return v, nil
+	}
+	if f := c.AMQP.UsersFile; f != "" {
+		v, err := read("amqp.users_file", f)
+		if err != nil {
+			return err
+		}
+		users := map[string]string{}
+		if err := json.Unmarshal([]byte(v), &users); err != nil {
+			return fmt.Errorf("amqp.users_file: expected a JSON object of strings, e.g. {\"alice\":\"secret\"}: %v", err)
+		}
+		c.AMQP.Users = users
+	}
+	if f := c.KubeMQ.AuthTokenFile; f != "" {
+		v, err := read("kubemq.auth_token_file", f)
+		if err != nil {
+			return err
+		}
+		c.KubeMQ.AuthToken = v
+	}
+	if f := c.HTTP.AdminTokenFile; f != "" {
+		v, err := read("http.admin_token_file", f)
+		if err != nil {
+			return err
+		}
+		c.HTTP.AdminToken = v
+	}
+	return nil
 }

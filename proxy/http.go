@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"crypto/subtle"
 	"encoding/json"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -27,12 +30,39 @@ func (p *Proxy) httpHandler() http.Handler {
 		w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.metrics, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /state", p.serveState)
+	mux.Handle("GET /state", p.admin(http.HandlerFunc(p.serveState)))
 	if p.logLevel != nil {
 		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.
-		mux.Handle("/loglevel", p.logLevel)
+		mux.Handle("/loglevel", p.admin(p.logLevel))
 	}
 	return mux
+}
+
+// admin guards the inspecting and mutating endpoints: a loopback peer, or any peer that sends
+// the admin token (http.admin_token) as "Authorization: Bearer TOKEN", gets through; others get
+// 403 (no token configured) or 401.
+func (p *Proxy) admin(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tok := p.adminToken; tok != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if ok && subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
+		if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+				h.ServeHTTP(w, r)
+				return
+			}
+		}
+		if p.adminToken != "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kubemq-proxy"`)
+			http.Error(w, "admin token required (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
+			return
+		}
+		http.Error(w, "only loopback peers may use this endpoint; set http.admin_token to open it to others", http.StatusForbidden)
+	})
 }
 
 // Stater is implemented by front-ends that can describe their live state

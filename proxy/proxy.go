@@ -131,6 +131,8 @@ type Proxy struct {
 
 	frontends []runningFrontend
 	logLevel  *zap.AtomicLevel // served on /loglevel when set
+	// adminToken opens /state and /loglevel to non-loopback peers ("" = loopback only).
+	adminToken string
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex // guards stopping
@@ -152,7 +154,10 @@ func New(cfg Config, log *zap.Logger) (*Proxy, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Proxy{cfg: cfg, log: log, metrics: prometheus.NewRegistry(), errc: make(chan error, 8)}, nil
+	if err := cfg.readSecrets(); err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, log: log, metrics: prometheus.NewRegistry(), errc: make(chan error, 8), adminToken: cfg.HTTP.AdminToken}, nil
 }
 
 // SetLogLevel lets GET/PUT /loglevel read and change the running log level;

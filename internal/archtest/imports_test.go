@@ -1,4 +1,4 @@
-// Package archtest asserts the import rules of STYLE.md so they cannot
+// Package archtest asserts the import rules of docs/ARCHITECTURE.md so they cannot
 // erode: only kubemqclient and the embedded server know KubeMQ's wire
 // types, the front-ends never import each other, and only main touches
 // viper.

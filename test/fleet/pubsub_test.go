@@ -39,6 +39,9 @@ type ledger struct {
 	acked      map[string]time.Time // first ack
 	afterAck   int                  // deliveries of a message after its ack
 	changed    chan struct{}
+	lastNew    time.Time     // when the last message was first delivered
+	last       time.Time     // the last delivery
+	maxGap     time.Duration // the longest pause between deliveries since mark
 }
 
 func newLedger() *ledger {
@@ -56,6 +59,14 @@ func (l *ledger) mark() {
 func (l *ledger) deliver(id, replica string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now := time.Now()
+	if l.marked && !l.last.IsZero() && now.Sub(l.last) > l.maxGap {
+		l.maxGap = now.Sub(l.last)
+	}
+	l.last = now
+	if l.deliveries[id] == 0 {
+		l.lastNew = now
+	}
 	l.deliveries[id]++
 	l.byReplica[replica]++
 	if l.marked {
@@ -76,6 +87,20 @@ func (l *ledger) ack(id string) {
 	if _, ok := l.acked[id]; !ok {
 		l.acked[id] = time.Now()
 	}
+}
+
+// lastAt is when the last message was first delivered.
+func (l *ledger) lastAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastNew
+}
+
+// gap is the longest pause between deliveries since mark.
+func (l *ledger) gap() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.maxGap
 }
 
 func (l *ledger) unique() int {

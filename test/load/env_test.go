@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,6 +92,30 @@ type proxyEnv struct {
 // stop for the graceful exit and the problem check.
 func startProxy(t testing.TB, extra ...string) *proxyEnv {
 	t.Helper()
+	return startProxyOn(t, os.Getenv(envAddress), extra...)
+}
+
+// startBackend runs the embedded KubeMQ-compatible server as a process of its own on a data
+// directory, unless $KUBEMQ_ADDRESS names one; it returns the address and the process (nil
+// for $KUBEMQ_ADDRESS).
+func startBackend(t testing.TB) (string, *proctest.Proc) {
+	t.Helper()
+	if a := os.Getenv(envAddress); a != "" {
+		return a, nil
+	}
+	dir := runDir(t)
+	p, err := proctest.Start(proctest.Binary(t, proctest.Race), "backend", dir, []string{"embedded-kubemq"},
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", filepath.Join(dir, "backend-data"), "--log.level", logLevel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	return p.Addr("embedded-kubemq"), p
+}
+
+// startProxyOn is startProxy on the KubeMQ at addr ("" = its own embedded server).
+func startProxyOn(t testing.TB, addr string, extra ...string) *proxyEnv {
+	t.Helper()
 	e := &proxyEnv{t: t, suffix: randSuffix()}
 	dir := runDir(t)
 	args := []string{
@@ -98,8 +123,8 @@ func startProxy(t testing.TB, extra ...string) *proxyEnv {
 		"--http.listen", "127.0.0.1:0", "--registry.channel", "kubemq-proxy-load-" + e.suffix,
 		"--log.level", logLevel(),
 	}
-	if a := os.Getenv(envAddress); a != "" {
-		args = append(args, "--kubemq.address", a)
+	if addr != "" {
+		args = append(args, "--kubemq.address", addr)
 	} else {
 		args = append(args, "--embedded.listen", "127.0.0.1:0")
 	}

@@ -89,7 +89,7 @@ func proxyOn(b *testing.B, kubemqAddr string) (gcpAddr, amqpAddr string) {
 	p, err := proctest.Start(proctest.Binary(b, false), "proxy", dir, []string{"gcp", "amqp", "http"},
 		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0",
 		"--kubemq.address", kubemqAddr, "--registry.channel", "overhead.registry."+s, "--cluster.channel", "overhead.cluster."+s,
-		"--log.level", "info", "--gcp.max_inflight_per_subscription", "200000")
+		"--log.level", logLevel(), "--gcp.max_inflight_per_subscription", "200000")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -494,4 +494,12 @@ func latency(b *testing.B, kubemqAddr string, rate int, d time.Duration) (p50, p
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return lat[len(lat)/2], lat[len(lat)*99/100], len(lat)
+}
+
+// logLevel is the proxy's log level: $OVERHEAD_LOG_LEVEL, default info.
+func logLevel() string {
+	if l := os.Getenv("OVERHEAD_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }

@@ -1,0 +1,517 @@
+package amqp091
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
+	"github.com/kubemq-io/kubemq-proxy/delivery"
+)
+
+// The replica that holds a queue serves other replicas' AMQP consumers of
+// it over the peer port (peerpb.AMQPPeer). A consumer link becomes one more
+// consumer of the queue's dispatcher, so round-robin, consumer priorities
+// and exclusive consumers hold across replicas; it gets deliveries within
+// the credit the other replica grants (its client's prefetch less what the
+// client holds). A get link answers basic.get calls. Whatever a link has
+// out when it ends (the other replica closed the channel, died, or this one
+// stops) goes back to its place in the queue, redelivered, as when a
+// RabbitMQ channel closes.
+
+// maxLinkCredit bounds the credit another replica may grant one link.
+const maxLinkCredit = 1 << 16
+
+// drainWait bounds how long Shutdown waits for other replicas to settle
+// what their links have out before it ends the links.
+const drainWait = 5 * time.Second
+
+// RegisterPeer registers the AMQP peer service on the peer port.
+func (s *Server) RegisterPeer(r grpc.ServiceRegistrar) {
+	peerpb.RegisterAMQPPeerServer(r, &peerService{s: s})
+}
+
+type peerService struct {
+	peerpb.UnimplementedAMQPPeerServer
+	s *Server
+}
+
+// peerLink is this replica's side of another replica's link.
+type peerLink struct {
+	s      *Server
+	q      *queue
+	h      *delivery.Handle
+	cs     *consumer // nil for a get link
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wake   chan struct{} // cap 1: sendq has something
+
+	mu      sync.Mutex // guards the fields below (and cs's delivery state)
+	credit  int
+	nextKey uint64
+	out     map[uint64]*delivery.Delivery // delivered and not settled, by key
+	sendq   []*peerpb.LinkResponse
+	ended   bool // finish ran: nothing may be added to out
+}
+
+// errPeerMoved: the queue is not held here (any more); the other replica resolves the holder anew.
+var errPeerMoved = status.Error(codes.Unavailable, "kubemq-proxy: this replica does not hold the queue; resolve the holder again")
+
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }
+
+func checkRef(ref *peerpb.QueueRef) error {
+	if ref == nil || ref.Vhost == "" || ref.Channel == "" || len(ref.Vhost) > 255 || len(ref.Name) > 255 || len(ref.Channel) > 1024 {
+		return status.Error(codes.InvalidArgument, "kubemq-proxy: a queue reference needs a vhost, a name and a KubeMQ channel within bounds")
+	}
+	return nil
+}
+
+// peerQueue returns the queue a link or call names: the one of this
+// replica's topology when it is the same incarnation, else a stand-in that
+// only serves the link (a transient queue declared on the other replica
+// alone). release forgets a stand-in.
+func (s *Server) peerQueue(ref *peerpb.QueueRef) (q *queue, release func()) {
+	v := s.top.vhost(ref.Vhost)
+	if q := v.lookupQueue(ref.Name); q != nil && q.channel == ref.Channel {
+		return q, func() {}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.standIns[ref.Channel]
+	if st == nil {
+		st = &standIn{q: newQueue(v, ref.Name, false, false, false, nil, nil, 0)}
+		st.q.channel = ref.Channel
+		s.standIns[ref.Channel] = st
+	}
+	st.refs++
+	return st.q, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if st.refs--; st.refs == 0 && s.standIns[ref.Channel] == st {
+			delete(s.standIns, ref.Channel)
+		}
+	}
+}
+
+// peerConsumers counts the consumers of the queue ref names here, other
+// replicas' included.
+func (s *Server) peerConsumers(ref *peerpb.QueueRef) int {
+	q := s.top.vhost(ref.Vhost).lookupQueue(ref.Name)
+	if q == nil || q.channel != ref.Channel {
+		s.mu.Lock()
+		st := s.standIns[ref.Channel]
+		s.mu.Unlock()
+		if st == nil {
+			return 0
+		}
+		q = st.q
+	}
+	q.vh.mu.Lock()
+	defer q.vh.mu.Unlock()
+	return len(q.consumers)
+}
+
+// standIn is a queue another replica's links use that this replica's
+// topology does not hold. Guarded by Server.mu.
+type standIn struct {
+	q    *queue
+	refs int
+}
+
+func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
+	s := p.s
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	open := first.GetOpen()
+	if open == nil {
+		return status.Error(codes.InvalidArgument, "kubemq-proxy: a link starts with Open")
+	}
+	if err := checkRef(open.Queue); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errPeerMoved
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+
+	q, release := s.peerQueue(open.Queue)
+	defer release()
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	stop := context.AfterFunc(s.ctx, func() { cancel(errPeerMoved) }) // the link ends with the server
+	defer stop()
+	h, err := s.deliveries.Acquire(ctx, q.channel)
+	switch {
+	case errors.Is(err, delivery.ErrNotOwner), errors.Is(err, delivery.ErrClosed):
+		return errPeerMoved
+	case err != nil:
+		return status.Errorf(codes.Unavailable, "kubemq-proxy: %v", err)
+	}
+	l := &peerLink{s: s, q: q, h: h, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), out: map[uint64]*delivery.Delivery{}}
+	defer l.finish()
+	s.mu.Lock()
+	s.links[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.links, l)
+		s.mu.Unlock()
+	}()
+	if open.Consume {
+		if err := l.register(open); err != nil {
+			return err
+		}
+	}
+	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{}}})
+	sent := make(chan error, 1)
+	go func() { sent <- l.sendLoop(stream) }()
+	// Recv only returns once the stream ends, which is after this handler
+	// returns when the link is ended here: the receive loop is left to end
+	// with the stream (tracked, so Shutdown waits for it).
+	recvd := make(chan error, 1)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		recvd <- l.recvLoop(stream)
+	}()
+	select {
+	case err = <-recvd:
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+	}
+	cancel(err)
+	serr := <-sent
+	if err == nil && serr != nil && !errors.Is(serr, context.Canceled) {
+		err = serr
+	}
+	if c := context.Cause(ctx); err == nil && c != nil && !errors.Is(c, context.Canceled) {
+		err = c // ended by this replica (shutdown, the queue handed over)
+	}
+	return err
+}
+
+// register adds l as a consumer of its queue's dispatcher, with the same
+// checks as a local basic.consume.
+func (l *peerLink) register(open *peerpb.Open) error {
+	q := l.q
+	cs := &consumer{peer: l, tag: open.ConsumerTag, q: q, h: l.h, exclusive: open.Exclusive, priority: open.Priority}
+	vh := q.vh
+	vh.mu.Lock()
+	defer vh.mu.Unlock()
+	if q.deleted {
+		return status.Errorf(codes.NotFound, "no %s", rsQueue(q.name, q.vh.displayName()))
+	}
+	if q.exclusiveConsumer || (open.Exclusive && len(q.consumers) > 0) {
+		return status.Errorf(codes.PermissionDenied, "%s in exclusive use", rsQueue(q.name, q.vh.displayName()))
+	}
+	q.consumers[cs] = struct{}{}
+	q.hadConsumer = true
+	if open.Exclusive {
+		q.exclusiveConsumer = true
+	}
+	if q.disp == nil {
+		q.disp = newDispatcher(l.s, q)
+	}
+	cs.d = q.disp
+	l.cs = cs
+	l.mu.Lock()
+	l.credit = min(int(open.Credit), maxLinkCredit)
+	l.mu.Unlock()
+	cs.d.add(cs)
+	return nil
+}
+
+// stopConsumer ends l's consumer: no delivery reaches it once this returns.
+func (l *peerLink) stopConsumer() {
+	cs := l.cs
+	if cs == nil {
+		return
+	}
+	l.mu.Lock()
+	was := cs.stopped
+	cs.stopped = true
+	l.mu.Unlock()
+	if was {
+		return
+	}
+	q := cs.q
+	q.vh.mu.Lock()
+	delete(q.consumers, cs)
+	if cs.exclusive {
+		q.exclusiveConsumer = false
+	}
+	cs.d.remove(cs)
+	if q.disp == cs.d && cs.d.empty() {
+		q.disp = nil
+		cs.d.stop()
+	}
+	q.vh.mu.Unlock()
+}
+
+// deliver hands d to the other replica if its credit allows (the
+// dispatcher's goroutine; never blocks).
+func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
+	l.mu.Lock()
+	if cs.stopped || l.credit <= 0 || l.ctx.Err() != nil {
+		l.mu.Unlock()
+		return false
+	}
+	l.credit--
+	l.nextKey++
+	l.out[l.nextKey] = d
+	l.sendq = append(l.sendq, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{Delivery: toPeer(l.nextKey, d, 0)}})
+	l.mu.Unlock()
+	l.s.m.delivered.Inc()
+	l.q.counters().out(len(d.Body))
+	l.signal()
+	return true
+}
+
+func toPeer(key uint64, d *delivery.Delivery, count uint32) *peerpb.Delivery {
+	return &peerpb.Delivery{Key: key, Body: d.Body, Metadata: d.Metadata, Tags: d.Tags, Redelivered: d.Redelivered, MessageCount: count}
+}
+
+func (l *peerLink) enqueue(r *peerpb.LinkResponse) {
+	l.mu.Lock()
+	l.sendq = append(l.sendq, r)
+	l.mu.Unlock()
+	l.signal()
+}
+
+func (l *peerLink) signal() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fail ends the link after a lease engine failure (the queue handed over,
+// KubeMQ lost): the other replica resolves the holder again.
+func (l *peerLink) fail(err error) {
+	l.s.log.Info("ending a forwarded consumer", zap.String("queue", l.q.name), zap.Error(err))
+	l.cancel(status.Errorf(codes.Unavailable, "kubemq-proxy: %v", err))
+}
+
+// cancelled tells the other replica its consumer ended here (the queue was
+// deleted); any goroutine, not under the vhost's lock.
+func (l *peerLink) cancelled(why string) {
+	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{Reason: why}}})
+	l.stopConsumer()
+}
+
+func (l *peerLink) sendLoop(stream peerpb.AMQPPeer_LinkServer) error {
+	for {
+		l.mu.Lock()
+		batch := l.sendq
+		l.sendq = nil
+		l.mu.Unlock()
+		for _, r := range batch {
+			if err := stream.Send(r); err != nil {
+				l.cancel(err)
+				return err
+			}
+		}
+		select {
+		case <-l.wake:
+		case <-l.ctx.Done():
+			return l.ctx.Err()
+		}
+	}
+}
+
+// recvLoop applies the other replica's requests until it closes its side
+// (nil) or the link fails.
+func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if l.ctx.Err() == nil && status.Code(err) != codes.Canceled && !isEOF(err) {
+				return err
+			}
+			return nil
+		}
+		switch k := req.Kind.(type) {
+		case *peerpb.LinkRequest_Credit:
+			if l.cs == nil {
+				continue
+			}
+			l.mu.Lock()
+			l.credit = min(l.credit+int(k.Credit.Add), maxLinkCredit)
+			l.mu.Unlock()
+			l.cs.d.wake()
+		case *peerpb.LinkRequest_Settle:
+			l.settle(k.Settle)
+		case *peerpb.LinkRequest_Cancel:
+			// Answered once no delivery can follow: basic.cancel-ok.
+			l.stopConsumer()
+			l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{}}})
+		case *peerpb.LinkRequest_Get:
+			if err := l.get(); err != nil {
+				return err
+			}
+		default:
+			return status.Error(codes.InvalidArgument, "kubemq-proxy: unexpected link request")
+		}
+	}
+}
+
+func (l *peerLink) settle(st *peerpb.Settle) {
+	ids := make([]string, 0, len(st.Keys))
+	l.mu.Lock()
+	for _, k := range st.Keys {
+		if d := l.out[k]; d != nil {
+			delete(l.out, k)
+			ids = append(ids, d.LeaseID)
+		}
+	}
+	l.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	if st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted() {
+		l.h.Requeue(ids...)
+		l.s.m.requeued.Add(float64(len(ids)))
+	} else {
+		l.h.Ack(ids...)
+		l.s.m.acked.Add(float64(len(ids)))
+	}
+	if l.cs != nil {
+		l.cs.d.wake()
+	}
+}
+
+// get answers one forwarded basic.get as a local one would.
+func (l *peerLink) get() error {
+	ctx, cancel := context.WithTimeout(l.ctx, getWait)
+	ds, err := l.h.TryFetch(ctx, 1)
+	cancel()
+	if err != nil && !(l.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) {
+		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)
+	}
+	if len(ds) == 0 {
+		l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_GetEmpty{GetEmpty: &peerpb.GetEmpty{}}})
+		return nil
+	}
+	d := ds[0]
+	if len(ds) > 1 {
+		l.h.Unfetch(ds[1:]...)
+	}
+	left, err := l.h.Ready(l.ctx)
+	if err != nil {
+		l.h.Unfetch(d)
+		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)
+	}
+	l.mu.Lock()
+	if l.ended { // the link ended meanwhile: the message goes back
+		l.mu.Unlock()
+		l.h.Unfetch(d)
+		return nil
+	}
+	l.nextKey++
+	l.out[l.nextKey] = d
+	l.sendq = append(l.sendq, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{
+		Delivery: toPeer(l.nextKey, d, uint32(min(max(left, 0), 1<<32-1)))}})
+	l.mu.Unlock()
+	l.s.m.delivered.Inc()
+	l.q.counters().out(len(d.Body))
+	l.signal()
+	return nil
+}
+
+// finish ends the consumer and puts what is still out back in place.
+func (l *peerLink) finish() {
+	l.stopConsumer()
+	l.mu.Lock()
+	l.ended = true
+	ids := make([]string, 0, len(l.out))
+	for k, d := range l.out {
+		ids = append(ids, d.LeaseID)
+		delete(l.out, k)
+	}
+	l.mu.Unlock()
+	if len(ids) > 0 && !l.q.isDeleted() {
+		l.h.Requeue(ids...)
+		l.s.m.requeued.Add(float64(len(ids)))
+	} else if len(ids) > 0 {
+		l.h.Ack(ids...)
+	}
+	l.h.Close()
+}
+
+// drainLinks stops every link's consumer (nothing new goes out) and waits
+// until the other replicas have settled what the links have out, at most
+// drainWait or ctx; Shutdown then ends the links, and what is still out
+// goes back to the queue.
+func (s *Server) drainLinks(ctx context.Context) {
+	s.mu.Lock()
+	ls := make([]*peerLink, 0, len(s.links))
+	for l := range s.links {
+		ls = append(ls, l)
+	}
+	s.mu.Unlock()
+	if len(ls) == 0 {
+		return
+	}
+	for _, l := range ls {
+		l.stopConsumer()
+	}
+	deadline := time.Now().Add(drainWait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		n := 0
+		for _, l := range ls {
+			if l.ctx.Err() == nil {
+				n += l.outstanding()
+			}
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// outstanding is how many deliveries l has out.
+func (l *peerLink) outstanding() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.out)
+}
+
+func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*peerpb.QueueResponse, error) {
+	if err := checkRef(req.Queue); err != nil {
+		return nil, err
+	}
+	s := p.s
+	ch := req.Queue.Channel
+	switch req.Op {
+	case peerpb.QueueRequest_COUNT:
+		n, known, err := s.localReadyCount(ctx, ch)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
+		}
+		return &peerpb.QueueResponse{Count: n, Known: known, Consumers: uint32(s.peerConsumers(req.Queue))}, nil
+	case peerpb.QueueRequest_PURGE:
+		n, err := s.localPurge(ctx, ch)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: purge: %v", err)
+		}
+		return &peerpb.QueueResponse{Count: n, Known: true}, nil
+	}
+	return nil, status.Errorf(codes.InvalidArgument, "kubemq-proxy: unknown queue operation %d", req.Op)
+}

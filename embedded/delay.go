@@ -40,7 +40,7 @@ func (h *delayHeap) Pop() any {
 	return x
 }
 
-// The real server's delay processor (kubemq-api.md 9.1), which Options.ScanDelays models: it
+// The real server's delay processor (docs/kubemq.md 9.1), which Options.ScanDelays models: it
 // holds at most scanSlots delayed messages, the earliest sent, and every scanInterval re-sends
 // those that are due.
 const (
@@ -49,7 +49,7 @@ const (
 )
 
 // delayer moves delayed messages into their queues when they are due. By default, unlike the
-// real server's 500 ms scan with 1024 in-flight slots keyed by MessageID (kubemq-api.md 9.1), it
+// real server's 500 ms scan with 1024 in-flight slots keyed by MessageID (docs/kubemq.md 9.1), it
 // keeps a heap with its own ids and a timer for the earliest due time: delays are exact to the
 // timer's resolution, there is no head-of-line blocking and a repeated MessageID loses nothing.
 // With Options.ScanDelays it keeps the messages in send order and releases them as the real

@@ -1,7 +1,7 @@
 // Package embedded is an in-process server for the KubeMQ gRPC API (service kubemq.kubemq), the
 // default backend of kubemq-proxy and of every test (see internal/kubemqtest).
 //
-// It owns the KubeMQ wire behaviour that the proxy relies on (the KubeMQ API notes, sections 2-5):
+// It owns the KubeMQ wire behaviour that the proxy relies on (docs/kubemq.md, sections 2-5):
 // queues with per-queue sequences, receive counts, dead-letter moves, delay and expiry;
 // QueuesDownstream transactions; StreamQueueMessage visibility; ReceiveQueueMessages,
 // AckAllQueueMessages and QueuesInfo; the events store with start modes and durable cursors;

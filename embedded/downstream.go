@@ -14,7 +14,7 @@ import (
 )
 
 // maxClosedTx bounds how many completed transactions a stream remembers (for the "closed
-// response" errors). The real server keeps all of them until the stream ends (kubemq-api.md 8.1).
+// response" errors). The real server keeps all of them until the stream ends (docs/kubemq.md 8.1).
 const maxClosedTx = 4096
 
 // dsTx is one downstream transaction: the messages one Get handed out. Owned by its stream's
@@ -40,7 +40,7 @@ type dsStream struct {
 }
 
 // QueuesDownstream serves Get and settlement requests one at a time, in order: a waiting Get
-// delays the requests behind it, as on the real server (kubemq-api.md 5.4.3, 8.3). Only errors
+// delays the requests behind it, as on the real server (docs/kubemq.md 5.4.3, 8.3). Only errors
 // are answered, besides Get and ActiveOffsets. When the stream ends (the client cancels it; a
 // half-close alone does not end it), every open transaction's unsettled messages go back with
 // the same sequence and receive count.
@@ -73,7 +73,7 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 		if r.err != nil {
 			if r.err == io.EOF {
 				// As on the real server, a half-close ends nothing: the stream and its
-				// transactions stay until the client cancels (kubemq-api.md 5.9).
+				// transactions stay until the client cancels (docs/kubemq.md 5.9).
 				return s.awaitStreamEnd(ctx)
 			}
 			return r.err
@@ -90,7 +90,7 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 				return ctx.Err()
 			}
 			// A client that half-closed or cancelled while the Get waited is the hazard of
-			// kubemq-api.md 8.7; it is visible here as an end already queued behind the Get.
+			// docs/kubemq.md 8.7; it is visible here as an end already queued behind the Get.
 			select {
 			case r2 := <-in:
 				next = &r2
@@ -244,7 +244,7 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 		return resp, false
 	}
 	// A Get whose slots went to expired or dead-lettered messages alone answers empty and
-	// still holds its transaction open, as the real server does (kubemq-api.md 5.9): the client
+	// still holds its transaction open, as the real server does (docs/kubemq.md 5.9): the client
 	// must settle it (AckAll or CloseByClient) before the queue is read again; in strict mode the
 	// next Get is refused until then.
 	tx.open = make(map[uint64]int, len(got))
@@ -423,7 +423,7 @@ func (ds *dsStream) settle(req *kubemqpb.QueuesDownstreamRequest) *kubemqpb.Queu
 			idx = append(idx, k)
 		}
 	}
-	// The list is applied up to the first bad entry and not rolled back (kubemq-api.md 8.5).
+	// The list is applied up to the first bad entry and not rolled back (docs/kubemq.md 8.5).
 	qms := tx.pick(idx)
 	shown := make([]int32, len(idx))
 	for i, k := range idx {

@@ -149,7 +149,7 @@ func (c *eventChannel) startCursor(mode kubemqpb.Subscribe_EventsStoreType, v in
 }
 
 // durable is an events-store durable cursor: per (ClientID, channel) with no group, per
-// (channel, group) with one (kubemq-api.md 5.3). mu guards the fields below it.
+// (channel, group) with one (docs/kubemq.md 5.3). mu guards the fields below it.
 type durable struct {
 	key     string
 	channel string
@@ -656,7 +656,7 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 		}
 	}
 	// A lone member's buffered, unsent events are not lost: the cursor goes back to what was
-	// actually sent (the real server loses them, kubemq-api.md 5.3).
+	// actually sent (the real server loses them, docs/kubemq.md 5.3).
 	if len(d.members) == 0 && m.sent < d.cursor && sub.Group == "" {
 		d.cursor = m.sent
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-// Limits of the real server's default configuration (kubemq-api.md 3.4, 5.4).
+// Limits of the real server's default configuration (docs/kubemq.md 3.4, 5.4).
 const (
 	defaultMaxReceiveCount = 1024
 	maxExpirationSeconds   = 43200
@@ -283,7 +283,7 @@ type queue struct {
 	purged bool
 
 	// txOwner is the downstream transaction that currently holds or waits on this queue; strict
-	// mode allows one at a time (kubemq-api.md 8.8).
+	// mode allows one at a time (docs/kubemq.md 8.8).
 	txOwner *dsTx
 }
 
@@ -315,7 +315,7 @@ func (s *Server) newQueueLocked(name string) *queue {
 // listedName is the name QueuesInfo lists a queue under, and matches its filter against: as on
 // the real server, leading and trailing '_', 'Q', 'U', 'E', 'S' and '.' are cut off (the real
 // server takes the name out of its internal subject "_QUEUES_.<name>" by trimming those
-// characters; kubemq-api.md 5.9). So "ORDERS" is listed as "ORDER", and "orderS" and "order"
+// characters; docs/kubemq.md 5.9). So "ORDERS" is listed as "ORDER", and "orderS" and "order"
 // share one name.
 func listedName(name string) string { return strings.Trim(name, "_QUES.") }
 
@@ -406,7 +406,7 @@ type pendingMove struct {
 // and messages over their receive limit met on the way are removed (the latter dead-lettered
 // through moves) and counted, like the real server does during a read. With dropsTakeSlots they
 // also count toward max, as in a downstream Get on the real server, whose transaction receives
-// them before it leaves them out (kubemq-api.md 5.9).
+// them before it leaves them out (docs/kubemq.md 5.9).
 // dropped counts every message removed, expired or over its limit.
 func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, dropsTakeSlots bool) (out []*qmsg, expired, dropped int, moves []pendingMove) {
 	var bytes int64
@@ -517,7 +517,7 @@ func (q *queue) removeWaiterLocked(w *waiter) {
 	}
 }
 
-// deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (kubemq-api.md
+// deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (docs/kubemq.md
 // 5.4.5: ReRouted, source queue, receive count 0, empty policy).
 func (q *queue) deadLetter(qm *qmsg, m *kubemqpb.QueueMessage) (pendingMove, bool) {
 	from := q.name
@@ -545,7 +545,7 @@ func (q *queue) deadLetter(qm *qmsg, m *kubemqpb.QueueMessage) (pendingMove, boo
 
 // requeueCopy is qm moved to another queue by ReQueue or Resend: new copy, receive count reset.
 // Neither sets ReRouted or ReRoutedFromQueue: the real server leaves them unset on a ReQueue too
-// (kubemq-api.md 5.9); only a dead-letter move sets them.
+// (docs/kubemq.md 5.9); only a dead-letter move sets them.
 func requeueCopy(to string, m *kubemqpb.QueueMessage) *kubemqpb.QueueMessage {
 	a := &kubemqpb.QueueMessageAttributes{ExpirationAt: m.Attributes.ExpirationAt}
 	p := m.Policy

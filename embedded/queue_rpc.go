@@ -192,7 +192,7 @@ func (s *Server) AckAllQueueMessages(ctx context.Context, req *kubemqpb.AckAllQu
 // QueuesInfo reports per-queue statistics: all queues, or those listed under one of the
 // ';'-separated names. As on the real server, a queue is listed under listedName(name), and the
 // filter matches that name exactly: a queue whose name begins or ends with one of the trimmed
-// characters is found only under its trimmed name, and shares it with others (kubemq-api.md 5.9).
+// characters is found only under its trimmed name, and shares it with others (docs/kubemq.md 5.9).
 func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) (*kubemqpb.QueuesInfoResponse, error) {
 	var qs []*queue
 	s.mu.RLock()
@@ -214,7 +214,7 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 	info := &kubemqpb.QueuesInfo{}
 	for _, q := range qs {
 		q.mu.Lock()
-		// As on the real server (kubemq-api.md 5.9): Waiting counts the messages held in open
+		// As on the real server (docs/kubemq.md 5.9): Waiting counts the messages held in open
 		// transactions too, and Subscribers stays at 1 once the queue has been read, so
 		// neither tells who else reads the queue.
 		subs := q.consumers
@@ -239,7 +239,7 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 }
 
 // StreamQueueMessage serves one message per stream with a server-side visibility timer
-// (kubemq-api.md 5.4.3 b). The stream ends after settlement, a wait timeout or a visibility
+// (docs/kubemq.md 5.4.3 b). The stream ends after settlement, a wait timeout or a visibility
 // expiry.
 func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.StreamQueueMessagesRequest, kubemqpb.StreamQueueMessagesResponse]) error {
 	ctx := stream.Context()

@@ -197,7 +197,7 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 
 // finish moves the recovered copies into their queues in sequence order. Messages that were held
 // by a consumer when the server stopped are visible again (the real server strands them after a
-// crash, kubemq-api.md 8.6).
+// crash, docs/kubemq.md 8.6).
 func (rc *recovery) finish() {
 	s := rc.s
 	for name, byQ := range rc.msgs {

@@ -135,7 +135,7 @@ func refused(res *kubemqpb.SendQueueMessageResult, e string) *kubemqpb.SendQueue
 // refusedDelay turns the result of a delayed message that strict mode refused into an error.
 func refusedDelay(res *kubemqpb.SendQueueMessageResult) *kubemqpb.SendQueueMessageResult {
 	return &kubemqpb.SendQueueMessageResult{MessageID: res.MessageID, IsError: true,
-		Error: "strict mode: a message with this MessageID is still delayed; the real server loses one of them (kubemq-api.md 9.1)"}
+		Error: "strict mode: a message with this MessageID is still delayed; the real server loses one of them (docs/kubemq.md 9.1)"}
 }
 
 // durable waits until the log holds everything up to lsn; on failure every result that was not
@@ -279,7 +279,7 @@ func (s *Server) QueuesUpstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesU
 			return serr
 		}
 		// The real server never ends an upstream stream after the client's half-close
-		// (kubemq-api.md 5.9): a client that waits for the end waits until it cancels.
+		// (docs/kubemq.md 5.9): a client that waits for the end waits until it cancels.
 		return s.awaitStreamEnd(stream.Context())
 	}
 	return recvErr

@@ -34,9 +34,9 @@ const maxGRPCMessage = 100 << 20
 // defaults.
 type Options struct {
 	DataDir string // "" = in memory
-	Strict  bool   // refuse hazardous usage patterns (kubemq-api.md 8, 9)
+	Strict  bool   // refuse hazardous usage patterns (docs/kubemq.md 8, 9)
 	// ScanDelays releases delayed messages as the real server's delay processor does
-	// (kubemq-api.md 9.1): every 500 ms, those due among the 1024 earliest sent, rather than
+	// (docs/kubemq.md 9.1): every 500 ms, those due among the 1024 earliest sent, rather than
 	// each exactly when due. For running tests against the real server's timing.
 	ScanDelays bool
 	Logger     *zap.Logger // nil = nop
@@ -369,7 +369,7 @@ func (s *Server) goTracked(f func()) {
 
 func (s *Server) now() time.Time { return s.opts.Now() }
 
-// errShutdown is how streams end when the server stops (kubemq-api.md 5.5 shape 5).
+// errShutdown is how streams end when the server stops (docs/kubemq.md 5.5 shape 5).
 func errShutdown() error {
 	return status.Error(codes.Unavailable, "error reading from server: EOF")
 }

@@ -83,7 +83,7 @@ var (
 	ErrTimeout           = errors.New("timeout")                        // DeadlineExceeded; also matches context.DeadlineExceeded
 	ErrCanceled          = errors.New("canceled")                       // also matches context.Canceled
 	// ErrStrictMode is the embedded server's strict-mode refusal of a usage
-	// pattern the real server mishandles (kubemq-api.md 8, 9): a client bug.
+	// pattern the real server mishandles (docs/kubemq.md 8, 9): a client bug.
 	ErrStrictMode = errors.New("refused by strict mode")
 	// ErrResourceExhausted is a store limit refusing a write: the embedded server's memory
 	// bound ("memory limit reached"), the store's channel or subscriber caps ("too many
@@ -147,7 +147,7 @@ func wrapErr(op string, err error) error {
 func inBand(op, msg string) *Error { return classify(op, codes.OK, msg) }
 
 // classify is the one mapping from (gRPC code, text) to *Error; both error
-// shapes (kubemq-api.md 5.5) go through it.
+// shapes (docs/kubemq.md 5.5) go through it.
 func classify(op string, gc codes.Code, msg string) *Error {
 	e := &Error{Op: op, GRPC: gc, Msg: msg, Code: errorNumber(msg)}
 	lower := strings.ToLower(msg)

@@ -123,7 +123,7 @@ type EmbeddedConfig struct {
 	// Strict refuses usage patterns that are hazardous on a real KubeMQ.
 	Strict bool `mapstructure:"strict"`
 	// ScanDelays releases delayed messages as a real KubeMQ does: every
-	// 500 ms, those due among the 1024 earliest sent (kubemq-api.md 9.1).
+	// 500 ms, those due among the 1024 earliest sent (docs/kubemq.md 9.1).
 	ScanDelays bool `mapstructure:"scan_delays"`
 	// TLSCertFile and TLSKeyFile (PEM) make `kubemq-proxy embedded` serve
 	// gRPC over TLS, like a KubeMQ with TLS enabled.

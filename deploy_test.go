@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -116,53 +117,126 @@ func TestDockerCompose(t *testing.T) {
 
 func TestKubernetesSidecar(t *testing.T) {
 	docs := readYAML(t, "deploy/kubernetes/sidecar.yaml")
-	spec := dig(docs[0], "spec", "template", "spec")
-	containers, _ := dig(spec, "containers").([]any)
+	byKind := map[string]map[string]any{}
+	for _, d := range docs {
+		byKind[fmt.Sprint(d["kind"])] = d
+	}
+	deploy, cm := byKind["Deployment"], byKind["ConfigMap"]
+	if deploy == nil || cm == nil || byKind["NetworkPolicy"] == nil {
+		t.Fatalf("want a ConfigMap, a Deployment and a NetworkPolicy, have %v", keys(byKind))
+	}
+	spec := dig(deploy, "spec", "template", "spec")
 	var app, side map[string]any
-	for _, c := range containers {
-		m := c.(map[string]any)
-		switch m["name"] {
-		case "kubemq-proxy":
-			side = m
-		case "app":
+	for _, c := range dig(spec, "containers").([]any) {
+		if m := c.(map[string]any); m["name"] == "app" {
 			app = m
 		}
 	}
+	for _, c := range dig(spec, "initContainers").([]any) {
+		if m := c.(map[string]any); m["name"] == "kubemq-proxy" {
+			side = m
+		}
+	}
 	if app == nil || side == nil {
-		t.Fatal("want an app container and a kubemq-proxy sidecar")
+		t.Fatal("want an app container and a kubemq-proxy init container (native sidecar)")
+	}
+	// A native sidecar: started before the app (once its startup probe passes), stopped after.
+	if side["restartPolicy"] != "Always" {
+		t.Errorf("the sidecar's restartPolicy is %v: a native sidecar needs Always", side["restartPolicy"])
 	}
 	appEnv := map[string]string{}
 	for _, e := range app["env"].([]any) {
 		m := e.(map[string]any)
 		appEnv[m["name"].(string)], _ = m["value"].(string)
 	}
-	if appEnv["PUBSUB_EMULATOR_HOST"] != "localhost:8085" {
-		t.Errorf("app PUBSUB_EMULATOR_HOST = %q", appEnv["PUBSUB_EMULATOR_HOST"])
+	if appEnv["PUBSUB_EMULATOR_HOST"] != "localhost:8085" || !strings.Contains(appEnv["AMQP_URL"], "@localhost:5672/") {
+		t.Errorf("app env %v does not point at the sidecar", appEnv)
 	}
-	env := map[string]string{}
-	for _, e := range side["env"].([]any) {
-		m := e.(map[string]any)
-		env[m["name"].(string)], _ = m["value"].(string)
-		if m["valueFrom"] != nil {
-			env[m["name"].(string)] = "set-by-kubernetes" // a field or Secret, filled in at run time
-		}
-	}
-	checkEnv(t, "sidecar", env)
-	if n, _ := dig(docs[0], "spec", "replicas").(int); n < 2 {
+	if n, _ := dig(deploy, "spec", "replicas").(int); n < 2 {
 		t.Errorf("the sidecar example runs %d replica: it must show several", n)
 	}
-	if env["KUBEMQ_PROXY_CLUSTER_LISTEN"] == "" || env["KUBEMQ_PROXY_CLUSTER_ADVERTISE"] == "" || env["KUBEMQ_PROXY_CLUSTER_SECRET"] == "" {
-		t.Error("the sidecar does not set cluster.listen, cluster.advertise and cluster.secret")
+
+	// The image tag is pinned.
+	img, _ := side["image"].(string)
+	if i := strings.LastIndex(img, ":"); i < 0 || strings.HasSuffix(img, ":latest") || strings.Contains(img[i:], "/") {
+		t.Errorf("image %q: pin a tag (not latest)", img)
 	}
+
+	// Pod Security "restricted".
+	sc := dig(side, "securityContext")
+	for _, c := range []struct {
+		path []any
+		want any
+	}{
+		{[]any{"runAsNonRoot"}, true}, {[]any{"allowPrivilegeEscalation"}, false}, {[]any{"readOnlyRootFilesystem"}, true},
+		{[]any{"capabilities", "drop", 0}, "ALL"}, {[]any{"seccompProfile", "type"}, "RuntimeDefault"},
+	} {
+		if got := dig(sc, c.path...); got != c.want {
+			t.Errorf("sidecar securityContext %v = %v, want %v", c.path, got, c.want)
+		}
+	}
+	if dig(spec, "securityContext", "seccompProfile", "type") != "RuntimeDefault" {
+		t.Error("the Pod sets no RuntimeDefault seccomp profile")
+	}
+	if dig(side, "resources", "limits", "memory") == nil || dig(side, "resources", "requests", "memory") == nil {
+		t.Error("the sidecar sets no memory request and limit")
+	}
+
 	def := proxyDefaultsHTTPPort(t)
 	if p := dig(side, "ports", 0, "containerPort"); fmt.Sprint(p) != def {
 		t.Errorf("sidecar port %v, proxy serves HTTP on %s", p, def)
 	}
-	for probe, path := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+	for probe, path := range map[string]string{"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
 		if got := dig(side, probe, "httpGet", "path"); got != path {
 			t.Errorf("%s path %v, want %s", probe, got, path)
 		}
 	}
+
+	// The ConfigMap's config.yaml, with the Secret files it names, is accepted by the proxy as
+	// the sidecar runs it (its environment included).
+	cfgText, _ := dig(cm, "data", "config.yaml").(string)
+	dir := t.TempDir()
+	cfgText = strings.ReplaceAll(cfgText, "/etc/kubemq-proxy/", dir+"/")
+	for _, f := range []string{"cluster/secret", "secrets/users.json"} {
+		if !strings.Contains(cfgText, dir+"/"+f) {
+			t.Errorf("the ConfigMap does not name %s", f)
+		}
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755)
+		os.WriteFile(filepath.Join(dir, f), []byte(`{"orders":"pw"}`), 0o600)
+	}
+	cfgFile := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfgText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var environ []string
+	for _, e := range side["env"].([]any) {
+		m := e.(map[string]any)
+		v, _ := m["value"].(string)
+		if m["valueFrom"] != nil {
+			v = "set-by-kubernetes"
+		}
+		if strings.HasPrefix(m["name"].(string), "KUBEMQ_PROXY_") {
+			environ = append(environ, m["name"].(string)+"="+strings.ReplaceAll(v, "$(POD_IP)", "10.0.0.7"))
+		}
+	}
+	cfg, err := loadConfig([]string{"--config", cfgFile}, environ)
+	if err != nil {
+		t.Fatalf("the sidecar's configuration is rejected: %v", err)
+	}
+	if cfg.Cluster.Listen == "" || cfg.Cluster.Advertise == "" || cfg.Cluster.SecretFile == "" || cfg.AMQP.UsersFile == "" {
+		t.Errorf("the sidecar does not set cluster.listen, cluster.advertise, cluster.secret_file and amqp.users_file: %+v", cfg.Cluster)
+	}
+	if cfg.GCP.Listen != "127.0.0.1:8085" {
+		t.Errorf("the sidecar's Pub/Sub listener %q is not on loopback", cfg.GCP.Listen)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }
 
 func TestDockerfileExposesDefaults(t *testing.T) {

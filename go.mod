@@ -6,6 +6,7 @@ require (
 	cloud.google.com/go/iam v1.14.0
 	cloud.google.com/go/pubsub v1.52.0
 	cloud.google.com/go/pubsub/v2 v2.9.0
+	github.com/KimMachineGun/automemlimit v1.0.2
 	github.com/bufbuild/protocompile v0.14.1
 	github.com/go-viper/mapstructure/v2 v2.5.0
 	github.com/hamba/avro/v2 v2.31.0
@@ -44,6 +45,7 @@ require (
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
 	github.com/pelletier/go-toml/v2 v2.2.4 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect

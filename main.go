@@ -10,15 +10,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -66,6 +69,7 @@ func main() {
 		os.Exit(exitConfig)
 	}
 	defer log.Sync()
+	setMemoryLimit(log, memlimit.FromCgroup)
 	runMode := func(cfg proxy.Config, log *zap.Logger) error { return run(cfg, log, level, args) }
 	switch mode {
 	case "embedded":
@@ -78,6 +82,30 @@ func main() {
 		log.Sync()
 		os.Exit(1)
 	}
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit (GOMEMLIMIT) to 90% of the container's
+// memory limit (cgroup v1 or v2) unless GOMEMLIMIT is set, so that the garbage collector works
+// harder before the kernel kills the process rather than after; AUTOMEMLIMIT=off or a ratio
+// (0,1] changes it. It logs the limit in force either way.
+func setMemoryLimit(log *zap.Logger, provider memlimit.Provider) {
+	limit, err := memlimit.Set(memlimit.WithProvider(provider))
+	source := "cgroup"
+	switch {
+	case os.Getenv("GOMEMLIMIT") != "":
+		source = "GOMEMLIMIT"
+	case os.Getenv("AUTOMEMLIMIT") == "off":
+		source = "AUTOMEMLIMIT=off"
+	case err != nil:
+		source = "none"
+		log.Info("no container memory limit found; GOMEMLIMIT left unset", zap.String("reason", err.Error()))
+		limit = debug.SetMemoryLimit(-1)
+	}
+	if limit == math.MaxInt64 {
+		log.Info("go memory limit", zap.String("gomemlimit", "none"), zap.String("source", source))
+		return
+	}
+	log.Info("go memory limit", zap.Int64("gomemlimit_bytes", limit), zap.String("gomemlimit", fmt.Sprintf("%.0f MiB", float64(limit)/(1<<20))), zap.String("source", source))
 }
 
 func run(cfg proxy.Config, log *zap.Logger, level zap.AtomicLevel, args []string) error {
@@ -141,7 +169,10 @@ func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	opts := embedded.Options{DataDir: cfg.Embedded.DataDir, Strict: cfg.Embedded.Strict, ScanDelays: cfg.Embedded.ScanDelays, Logger: log.Named("embedded")}
+	opts, err := cfg.EmbeddedOptions(log.Named("embedded"))
+	if err != nil {
+		return err
+	}
 	if cfg.Embedded.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.Embedded.TLSCertFile, cfg.Embedded.TLSKeyFile)
 		if err != nil {
@@ -158,7 +189,8 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 		srv.Close()
 		return fmt.Errorf("embedded.listen: %w", err)
 	}
-	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil))
+	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil),
+		zap.Int64("max_memory_bytes", opts.MaxMemory))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	select {

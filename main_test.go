@@ -6,12 +6,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
@@ -109,6 +113,45 @@ func TestExitCode2(t *testing.T) {
 		if len(lines) != 1 || !strings.Contains(lines[0], c.key) {
 			t.Fatalf("%s: want one error line naming %s, got %q", name, c.key, out)
 		}
+	}
+}
+
+func TestSetMemoryLimitFromContainer(t *testing.T) {
+	if os.Getenv("GOMEMLIMIT") != "" || os.Getenv("AUTOMEMLIMIT") != "" {
+		t.Skip("GOMEMLIMIT or AUTOMEMLIMIT set in the environment")
+	}
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	core, logs := observer.New(zap.InfoLevel)
+	setMemoryLimit(zap.New(core), memlimit.Limit(1<<30))
+	if got, want := debug.SetMemoryLimit(-1), int64(966367641); got != want {
+		t.Fatalf("GOMEMLIMIT %d, want 90%% of a 1 GiB container limit (%d)", got, want)
+	}
+	e := logs.FilterMessage("go memory limit").All()
+	if len(e) != 1 || e[0].ContextMap()["gomemlimit_bytes"] != int64(966367641) || e[0].ContextMap()["source"] != "cgroup" {
+		t.Fatalf("log %+v", e)
+	}
+
+	// No container limit: the runtime's limit is left as it was, and the log says so.
+	debug.SetMemoryLimit(prev)
+	core, logs = observer.New(zap.InfoLevel)
+	setMemoryLimit(zap.New(core), func() (uint64, error) { return 0, errors.New("no cgroup here") })
+	if got := debug.SetMemoryLimit(-1); got != prev {
+		t.Fatalf("GOMEMLIMIT changed to %d without a container limit", got)
+	}
+	if logs.FilterMessage("go memory limit").Len() != 1 {
+		t.Fatalf("no log of the limit: %+v", logs.All())
+	}
+
+	// GOMEMLIMIT set: kept.
+	t.Setenv("GOMEMLIMIT", "123MiB")
+	core, logs = observer.New(zap.InfoLevel)
+	setMemoryLimit(zap.New(core), memlimit.Limit(1<<30))
+	if got := debug.SetMemoryLimit(-1); got != prev {
+		t.Fatalf("GOMEMLIMIT overridden although set: %d", got)
+	}
+	if e := logs.FilterMessage("go memory limit").All(); len(e) != 1 || e[0].ContextMap()["source"] != "GOMEMLIMIT" {
+		t.Fatalf("log %+v", e)
 	}
 }
 

@@ -61,6 +61,10 @@ func backendError(err error) *wire.Error {
 		return errBackendDown(err.Error())
 	case errors.Is(err, kubemqclient.ErrInvalidArgument):
 		return wire.PreconditionFailed("KubeMQ refused the request: %v", err)
+	case errors.Is(err, kubemqclient.ErrResourceExhausted):
+		// A store limit (memory bound, channel cap): a publish is nacked instead (publish.go);
+		// this is for the other calls.
+		return wire.ResourceError("KubeMQ store full: %v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, delivery.ErrClosed):
 		return wire.ConnectionForced("connection closing")
 	case errors.Is(err, delivery.ErrNotOwner), errors.Is(err, delivery.ErrHandedOver):

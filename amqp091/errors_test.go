@@ -2,6 +2,7 @@ package amqp091
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -248,6 +249,7 @@ func TestBackendErrorMapping(t *testing.T) {
 		{delivery.ErrClosed, wire.ReplyConnectionForced, true},
 		{errors.New("boom"), wire.ReplyInternalError, true},
 		{wire.NotFound("x"), wire.ReplyNotFound, false},
+		{fmt.Errorf("declare: %w", kubemqclient.ErrResourceExhausted), wire.ReplyResourceError, true},
 	}
 	for _, c := range cases {
 		got := asAMQP(c.err)

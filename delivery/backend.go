@@ -79,7 +79,7 @@ type StateNotifier interface {
 
 // Downstream is one QueuesDownstream stream. The engine uses it from one goroutine at a time,
 // with at most one open transaction, and closes it only when no Get is outstanding
-// (kubemq-api.md 8.7). Any error means the stream is no longer usable.
+// (docs/kubemq.md 8.7). Any error means the stream is no longer usable.
 type Downstream interface {
 	// Get opens a transaction holding up to maxItems messages of queue. It returns when it
 	// holds maxItems messages or wait has passed (the server raises wait to 1 s).

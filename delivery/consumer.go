@@ -41,7 +41,7 @@ type Options struct {
 
 	// RecordDelay is the delay of every lease record, in whole seconds (default 10 s). A
 	// record of a live lease is re-armed each time it returns, so longer deadlines never need
-	// a longer KubeMQ delay (kubemq-api.md 9.4 rule 2).
+	// a longer KubeMQ delay (docs/kubemq.md 9.4 rule 2).
 	RecordDelay time.Duration
 	// HoldExpiry is how far ahead a lease without a deadline is promised in its record at
 	// each re-arm (default 2*RecordDelay): another owner (a replica, or this process after a
@@ -61,7 +61,7 @@ type Options struct {
 	// that cannot be stored by then gives its transaction back to the queue.
 	StoreTimeout time.Duration
 	// StreamRecycle replaces the downstream stream after this many Gets (default 10000): the
-	// real server keeps one entry per Get until the stream ends (kubemq-api.md 8.1).
+	// real server keeps one entry per Get until the stream ends (docs/kubemq.md 8.1).
 	StreamRecycle int
 	// Linger (Manager only) keeps an unused Consumer that still has live leases open for acks
 	// at most this long (default 10 min); it closes as soon as its lease table is empty.
@@ -218,7 +218,7 @@ type waiter struct {
 }
 
 // Consumer leases the messages of one KubeMQ queue. At most one Consumer per queue may exist in
-// a process (two would open two transactions on one queue, kubemq-api.md 8.8): use a Manager.
+// a process (two would open two transactions on one queue, docs/kubemq.md 8.8): use a Manager.
 // All methods are safe for concurrent use.
 type Consumer struct {
 	queue string
@@ -1013,7 +1013,7 @@ func newOwner() ownerID {
 }
 
 // idGen mints MessageIDs unique across processes: a random prefix per Consumer and a counter
-// (the delay machinery is keyed by MessageID server-wide, kubemq-api.md 9.1).
+// (the delay machinery is keyed by MessageID server-wide, docs/kubemq.md 9.1).
 type idGen struct {
 	prefix string
 	n      *atomic.Uint64

@@ -2,7 +2,7 @@
 // losing a message: one Consumer per queue per process (handed out by a Manager), its poll loop
 // (one downstream stream, at most one open transaction), the in-memory lease table with its
 // deadline timers, and the lease records that keep a durable copy of every leased message in
-// KubeMQ until the client settles it (pattern S of kubemq-api.md section 9, with one record per
+// KubeMQ until the client settles it (pattern S of docs/kubemq.md section 9, with one record per
 // Get batch).
 //
 // # How a message travels

@@ -12,7 +12,7 @@ import (
 )
 
 // fakeKubeMQ is an in-memory queue server with the KubeMQ semantics the engine relies on
-// (kubemq-api.md 5.4): sequences, delayed messages, Gets that return only when full or after
+// (docs/kubemq.md 5.4): sequences, delayed messages, Gets that return only when full or after
 // their wait (at least 1 s), transactions held until settled or the stream ends. It counts the
 // hazardous patterns strict mode refuses (violations) and lets tests inject failures.
 type fakeKubeMQ struct {

@@ -20,7 +20,7 @@ const closeTimeout = 30 * time.Second
 const maxRetired = 4096
 
 // Manager hands out one Consumer per queue, shared through Handles and reference counted: two
-// Consumers of one queue in one process would open two transactions on it (kubemq-api.md 8.8).
+// Consumers of one queue in one process would open two transactions on it (docs/kubemq.md 8.8).
 // A Consumer whose last Handle is closed stays open while it still has live leases (acks may
 // still come, e.g. Pub/Sub's unary Acknowledge) for at most Options.Linger, then closes.
 type Manager struct {

@@ -13,7 +13,7 @@ import (
 )
 
 const (
-	// getWait is the wait of every Get: the server minimum (kubemq-api.md 8.2). Gets are sized so
+	// getWait is the wait of every Get: the server minimum (docs/kubemq.md 8.2). Gets are sized so
 	// they return at once; the wait only matters for the MaxItems=1 poll of an empty queue.
 	getWait = time.Second
 	// opTimeout bounds one stream operation beyond its own wait. A stream that does not answer
@@ -221,7 +221,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (br
 		maxItems = int(min(int64(st.probe), want))
 	}
 	// Stream operations never take the Consumer's cancellation: cancelling a stream with a Get
-	// outstanding can strand messages on the real server (kubemq-api.md 8.7).
+	// outstanding can strand messages on the real server (docs/kubemq.md 8.7).
 	opCtx := context.WithoutCancel(c.pollCtx)
 	ctx, cancel := context.WithTimeout(opCtx, getWait+opTimeout)
 	// Only where KubeMQ cannot count the queue is a Get short of its size taken to mean the
@@ -298,7 +298,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (br
 		return false, nil // the next Get is sized from known: no QueuesInfo to protect
 	}
 	// The barrier keeps the next QueuesInfo from counting the batch just acked, which would
-	// size the next Get too big and make it wait the full second (kubemq-api.md 9.4 rule 4).
+	// size the next Get too big and make it wait the full second (docs/kubemq.md 9.4 rule 4).
 	if err := ds.Sync(ctx, tx); err != nil {
 		return true, fmt.Errorf("delivery: sync %s: %w", c.queue, err)
 	}

@@ -13,7 +13,7 @@ import (
 // which come back into the same KubeMQ queue once their delay is over and wait there until the
 // poll loop reads them. Ready does that. The records are tracked by MessageID from their store
 // to their return; one that is due is taken to be in the queue recordGrace after its due time
-// (the delay processor hands records back a little late, kubemq-api.md 9.1), so for about that
+// (the delay processor hands records back a little late, docs/kubemq.md 9.1), so for about that
 // long a returned record may still be counted, and a record the processor hands back later
 // than that is not counted while it is still away.
 

@@ -14,7 +14,7 @@ import (
 // A sentinel is an empty lease record (no entries) stored with the records' delay and a
 // TagSentinel naming it. The backend's delay machinery hands delayed messages of one delay back
 // in the order they were stored (the real server's processor works through them in send order,
-// kubemq-api.md 9.1), so when a sentinel comes back every lease record stored on its queue
+// docs/kubemq.md 9.1), so when a sentinel comes back every lease record stored on its queue
 // before it (with the same delay) has come back too, and the OnUnsettled hook has been told of
 // every entry those records carried for another owner. Ordered Pub/Sub subscriptions use this to
 // end their recovery hold at the right time even when the delay machinery is backed up.

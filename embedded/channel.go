@@ -145,7 +145,7 @@ func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _
 	if err != nil {
 		return err
 	}
-	if err := checkSize(in); err != nil {
+	if err := checkSize(in, s.opts.BodyLimit); err != nil {
 		return err
 	}
 	sctx, cancel, err := ch.begin(ctx)
@@ -187,19 +187,19 @@ func (ch *channel) Invoke(ctx context.Context, method string, args, reply any, _
 	if err != nil {
 		return err
 	}
-	if err := checkSize(rm); err != nil {
+	if err := checkSize(rm, maxGRPCMessage); err != nil {
 		return err
 	}
 	copyMessage(out, rm, deep)
 	return nil
 }
 
-// checkSize refuses what gRPC would refuse: a message over the server's
-// limit (the same in both directions).
-func checkSize(m proto.Message) error {
-	if n := sizeHint(m); n > maxGRPCMessage {
-		if n = proto.Size(m); n > maxGRPCMessage {
-			return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, maxGRPCMessage)
+// checkSize refuses what gRPC would refuse: a message over limit (the
+// server's BodyLimit towards the server, 100 MiB towards the client).
+func checkSize(m proto.Message, limit int) error {
+	if n := sizeHint(m); n > limit {
+		if n = proto.Size(m); n > limit {
+			return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", n, limit)
 		}
 	}
 	return nil
@@ -217,6 +217,7 @@ func (ch *channel) NewStream(ctx context.Context, desc *grpc.StreamDesc, method 
 	}
 	st := &chanStream{
 		req:     ch.req,
+		limit:   s.opts.BodyLimit,
 		aborted: s.calls.aborted,
 		cctx:    ctx,
 		sctx:    sctx,
@@ -240,6 +241,7 @@ func (ch *channel) NewStream(ctx context.Context, desc *grpc.StreamDesc, method 
 // the handler (err its status).
 type chanStream struct {
 	req     depth           // how the client's messages are copied
+	limit   int             // the server's BodyLimit: the largest message towards it
 	aborted <-chan struct{} // the server's forced stop
 	cctx    context.Context // the caller's
 	sctx    context.Context // the handler's: ends with the caller's or when the handler returns
@@ -313,7 +315,7 @@ func (c *clientSide) SendMsg(m any) error {
 		return status.Error(codes.Internal, "SendMsg called after CloseSend")
 	default:
 	}
-	if err := checkSize(pm); err != nil {
+	if err := checkSize(pm, c.limit); err != nil {
 		return err
 	}
 	cp := cloneMessage(pm, c.req)
@@ -390,7 +392,7 @@ func (s *serverSide) SendMsg(m any) error {
 	if err != nil {
 		return err
 	}
-	if err := checkSize(pm); err != nil {
+	if err := checkSize(pm, maxGRPCMessage); err != nil {
 		return err
 	}
 	(*chanStream)(s).sendHeader()

@@ -214,10 +214,10 @@ func TestCheckSize(t *testing.T) {
 		}
 		return b
 	}
-	if err := checkSize(batch(99)); err != nil {
+	if err := checkSize(batch(99), maxGRPCMessage); err != nil {
 		t.Fatalf("99 MiB: %v", err)
 	}
-	err := checkSize(batch(101))
+	err := checkSize(batch(101), maxGRPCMessage)
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("101 MiB: %v, want ResourceExhausted", err)
 	}

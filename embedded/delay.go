@@ -40,7 +40,7 @@ func (h *delayHeap) Pop() any {
 	return x
 }
 
-// The real server's delay processor (kubemq-api.md 9.1), which Options.ScanDelays models: it
+// The real server's delay processor (docs/kubemq.md 9.1), which Options.ScanDelays models: it
 // holds at most scanSlots delayed messages, the earliest sent, and every scanInterval re-sends
 // those that are due.
 const (
@@ -49,7 +49,7 @@ const (
 )
 
 // delayer moves delayed messages into their queues when they are due. By default, unlike the
-// real server's 500 ms scan with 1024 in-flight slots keyed by MessageID (kubemq-api.md 9.1), it
+// real server's 500 ms scan with 1024 in-flight slots keyed by MessageID (docs/kubemq.md 9.1), it
 // keeps a heap with its own ids and a timer for the earliest due time: delays are exact to the
 // timer's resolution, there is no head-of-line blocking and a repeated MessageID loses nothing.
 // With Options.ScanDelays it keeps the messages in send order and releases them as the real
@@ -84,6 +84,7 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 	d.next++
 	x := &delayed{id: d.next, due: m.Attributes.DelayedTo, m: m}
 	lsn, x.seg = d.s.logDelayAdd(x.id, m)
+	d.s.mem.Add(messageSize(m))
 	d.ids[m.MessageID]++
 	first := true
 	if d.scan {
@@ -103,6 +104,7 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 func (d *delayer) restore(id uint64, m *kubemqpb.QueueMessage, seg uint32) {
 	d.mu.Lock()
 	x := &delayed{id: id, due: m.Attributes.DelayedTo, m: m, seg: seg}
+	d.s.mem.Add(messageSize(m))
 	if d.scan {
 		d.fifo = append(d.fifo, x)
 	} else {
@@ -234,10 +236,10 @@ func (d *delayer) deliver(due []*delayed, now int64) {
 				ReRoutedFromQueue: m.Attributes.ReRoutedFromQueue, ExpirationAt: m.Attributes.ExpirationAt,
 			},
 		}
-		q := d.s.getQueue(m.Channel, true)
-		q.mu.Lock()
+		q, _ := d.s.lockQueue(m.Channel, false)
 		q.appendLocked(cp, now)
 		q.mu.Unlock()
+		d.s.mem.Add(-messageSize(m))
 		ids[i] = x.id
 	}
 	d.s.logDelayDone(ids)

@@ -46,7 +46,7 @@ func (e *env) awaitAll(ch string, n int) time.Time {
 }
 
 // With ScanDelays the delay processor holds the 1024 earliest delayed messages and releases the
-// due ones every 500 ms, as the real server does (kubemq-api.md 9.1): 1,100 messages delayed
+// due ones every 500 ms, as the real server does (docs/kubemq.md 9.1): 1,100 messages delayed
 // 2 s, sent first, make 10 messages delayed 1 s on another queue wait until they are released.
 // Without it every message arrives when due.
 func TestScanDelaysHeadOfLine(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 )
 
 // maxClosedTx bounds how many completed transactions a stream remembers (for the "closed
-// response" errors). The real server keeps all of them until the stream ends (kubemq-api.md 8.1).
+// response" errors). The real server keeps all of them until the stream ends (docs/kubemq.md 8.1).
 const maxClosedTx = 4096
 
 // dsTx is one downstream transaction: the messages one Get handed out. Owned by its stream's
@@ -40,7 +40,7 @@ type dsStream struct {
 }
 
 // QueuesDownstream serves Get and settlement requests one at a time, in order: a waiting Get
-// delays the requests behind it, as on the real server (kubemq-api.md 5.4.3, 8.3). Only errors
+// delays the requests behind it, as on the real server (docs/kubemq.md 5.4.3, 8.3). Only errors
 // are answered, besides Get and ActiveOffsets. When the stream ends (the client cancels it; a
 // half-close alone does not end it), every open transaction's unsettled messages go back with
 // the same sequence and receive count.
@@ -73,7 +73,7 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 		if r.err != nil {
 			if r.err == io.EOF {
 				// As on the real server, a half-close ends nothing: the stream and its
-				// transactions stay until the client cancels (kubemq-api.md 5.9).
+				// transactions stay until the client cancels (docs/kubemq.md 5.9).
 				return s.awaitStreamEnd(ctx)
 			}
 			return r.err
@@ -90,7 +90,7 @@ func (s *Server) QueuesDownstream(stream grpc.BidiStreamingServer[kubemqpb.Queue
 				return ctx.Err()
 			}
 			// A client that half-closed or cancelled while the Get waited is the hazard of
-			// kubemq-api.md 8.7; it is visible here as an end already queued behind the Get.
+			// docs/kubemq.md 8.7; it is visible here as an end already queued behind the Get.
 			select {
 			case r2 := <-in:
 				next = &r2
@@ -136,11 +136,15 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 	if wait < minGetWaitMillis*time.Millisecond {
 		wait = minGetWaitMillis * time.Millisecond
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return dsError(req, "", e), false
+	}
 	tx := &dsTx{id: newUUID(), stream: ds, q: q}
 	now := s.now().UnixNano()
 
 	q.mu.Lock()
+	q.lastActive = now
 	if o := q.txOwner; o != nil && o.stream != ds && o.stream.ctx.Err() != nil {
 		// The owner's stream has ended and is closing its transactions: a client that reconnects
 		// at once is not opening a second transaction, so wait for that to finish.
@@ -218,8 +222,18 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 	tx.shown = make([]int32, len(got))
 	for i, qm := range got {
 		tx.shown[i] = qm.storedRC() + 1
-		resp.Messages[i] = qm.delivery(tx.shown[i])
 	}
+	msgs, err := s.deliveries(got, tx.shown)
+	if err != nil {
+		// The messages cannot be read back from the log: they stay in the queue.
+		s.log.Error("cannot read messages back from the log", zap.String("queue", q.name), zap.Error(err))
+		q.mu.Lock()
+		q.giveBackLocked(got)
+		ds.releaseLocked(tx)
+		q.mu.Unlock()
+		return dsError(req, "", "Error 121: cannot read messages back from the store: "+err.Error()), false
+	}
+	resp.Messages = msgs
 	if req.AutoAck || (len(got) == 0 && dropped == 0) {
 		q.mu.Lock()
 		q.settleLocked(got)
@@ -230,7 +244,7 @@ func (ds *dsStream) get(ctx context.Context, req *kubemqpb.QueuesDownstreamReque
 		return resp, false
 	}
 	// A Get whose slots went to expired or dead-lettered messages alone answers empty and
-	// still holds its transaction open, as the real server does (kubemq-api.md 5.9): the client
+	// still holds its transaction open, as the real server does (docs/kubemq.md 5.9): the client
 	// must settle it (AckAll or CloseByClient) before the queue is read again; in strict mode the
 	// next Get is refused until then.
 	tx.open = make(map[uint64]int, len(got))
@@ -259,6 +273,7 @@ func (ds *dsStream) releaseLocked(tx *dsTx) {
 		q.txOwner = nil
 	}
 	q.consumers--
+	q.lastActive = ds.s.now().UnixNano()
 }
 
 // remember keeps a completed transaction for the closed-response errors, within a bound.
@@ -408,7 +423,7 @@ func (ds *dsStream) settle(req *kubemqpb.QueuesDownstreamRequest) *kubemqpb.Queu
 			idx = append(idx, k)
 		}
 	}
-	// The list is applied up to the first bad entry and not rolled back (kubemq-api.md 8.5).
+	// The list is applied up to the first bad entry and not rolled back (docs/kubemq.md 8.5).
 	qms := tx.pick(idx)
 	shown := make([]int32, len(idx))
 	for i, k := range idx {

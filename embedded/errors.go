@@ -38,7 +38,7 @@ const (
 	errNoNewMessage    = "Error 138: no new message in queue, wait time expired"
 	errSubscribeType   = "Error 207: invalid subscribe type"
 
-	// Downstream texts (kubemq-api.md 5.4.3, 8.1, 8.5).
+	// Downstream texts (docs/kubemq.md 5.4.3, 8.1, 8.5).
 	errTxNotFound      = "transaction is completed or transaction id not found"
 	errTxClosedAck     = "cannot ack messages with closed response"
 	errTxClosedOffsets = "cannot get active offsets with closed response "

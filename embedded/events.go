@@ -22,8 +22,9 @@ const cursorSaveEvery = 1000
 
 // storedEvent is one events-store event; e is never mutated after it is stored.
 type storedEvent struct {
-	e   *kubemqpb.EventReceive
-	seg uint32
+	e    *kubemqpb.EventReceive
+	seg  uint32
+	size int64 // eventSize
 }
 
 // eventChannel is one events-store channel. mu guards everything below it.
@@ -33,8 +34,13 @@ type eventChannel struct {
 	first   uint64 // sequence of events[0]; last+1 when empty
 	last    uint64
 	events  []*storedEvent
+	bytes   int64         // sum of the events' sizes
 	notify  chan struct{} // closed at the next append when waiting is set
 	waiting bool
+	// lastActive is the last publish or subscriber departure (Unix ns), for MaxPurgeInactive;
+	// purged is set when the channel was deleted for inactivity.
+	lastActive int64
+	purged     bool
 }
 
 func (s *Server) getChannel(name string, create bool) *eventChannel {
@@ -47,9 +53,15 @@ func (s *Server) getChannel(name string, create bool) *eventChannel {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c = s.channels[name]; c == nil {
-		c = &eventChannel{name: name, first: 1, notify: make(chan struct{})}
-		s.channels[name] = c
+		c = s.newChannelLocked(name)
 	}
+	return c
+}
+
+// newChannelLocked creates and registers a channel. s.mu must be held for writing.
+func (s *Server) newChannelLocked(name string) *eventChannel {
+	c := &eventChannel{name: name, first: 1, notify: make(chan struct{}), lastActive: s.now().UnixNano()}
+	s.channels[name] = c
 	return c
 }
 
@@ -59,7 +71,12 @@ func (c *eventChannel) appendLocked(s *Server, e *kubemqpb.EventReceive, now int
 	e.Sequence = c.last
 	e.Timestamp = now
 	lsn, seg := s.logEvent(e)
-	c.events = append(c.events, &storedEvent{e: e, seg: seg})
+	size := eventSize(e)
+	c.events = append(c.events, &storedEvent{e: e, seg: seg, size: size})
+	c.bytes += size
+	s.mem.Add(size)
+	c.lastActive = now
+	c.trimLocked(s, s.releaseSeg)
 	if c.waiting {
 		close(c.notify)
 		c.notify = make(chan struct{})
@@ -132,7 +149,7 @@ func (c *eventChannel) startCursor(mode kubemqpb.Subscribe_EventsStoreType, v in
 }
 
 // durable is an events-store durable cursor: per (ClientID, channel) with no group, per
-// (channel, group) with one (kubemq-api.md 5.3). mu guards the fields below it.
+// (channel, group) with one (docs/kubemq.md 5.3). mu guards the fields below it.
 type durable struct {
 	key     string
 	channel string
@@ -354,8 +371,15 @@ func (s *Server) publish(e *kubemqpb.Event) (*kubemqpb.Result, uint64, string) {
 	ev := &kubemqpb.EventReceive{EventID: id, Channel: e.Channel, Metadata: e.Metadata, Body: e.Body, Tags: e.Tags}
 	var lsn uint64
 	if e.Store {
-		c := s.getChannel(e.Channel, true)
-		c.mu.Lock()
+		// A refusal by a store limit is a Result with Sent=false (the real server's store
+		// errors arrive in the Result too), not a gRPC error.
+		if msg := s.memFull(eventSize(ev), s.eventReserve()); msg != "" {
+			return &kubemqpb.Result{EventID: id, Error: msg}, 0, ""
+		}
+		c, msg := s.lockChannel(e.Channel)
+		if msg != "" {
+			return &kubemqpb.Result{EventID: id, Error: msg}, 0, ""
+		}
 		lsn = c.appendLocked(s, ev, s.now().UnixNano())
 		c.mu.Unlock()
 	} else {
@@ -566,11 +590,38 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 		s.mu.Unlock()
 	}()
 
-	ch := s.getChannel(sub.Channel, true)
+	var ch *eventChannel
+	for ch == nil {
+		c, msg := s.lockChannel(sub.Channel)
+		if msg != "" {
+			return internalErr(msg)
+		}
+		c.mu.Unlock()
+		s.mu.Lock() // held until the durable is registered: a purge needs it
+		if s.channels[sub.Channel] == c {
+			ch = c
+			break
+		}
+		s.mu.Unlock()
+	}
+	ch.mu.Lock()
+	ch.lastActive = s.now().UnixNano()
+	ch.mu.Unlock()
 	key := durableKey(sub.ClientID, sub.Channel, sub.Group)
-	s.mu.Lock()
 	d := s.durables[key]
 	created := d == nil
+	if created && s.opts.MaxSubscribers > 0 {
+		n := 0
+		for _, x := range s.durables {
+			if x.ch == ch {
+				n++
+			}
+		}
+		if n >= s.opts.MaxSubscribers {
+			s.mu.Unlock()
+			return internalErr(errTooManySubs)
+		}
+	}
 	if created {
 		d = &durable{key: key, channel: sub.Channel, ch: ch}
 		d.cursor = ch.startCursor(sub.EventsStoreTypeData, sub.EventsStoreTypeValue, s.now())
@@ -605,7 +656,7 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 		}
 	}
 	// A lone member's buffered, unsent events are not lost: the cursor goes back to what was
-	// actually sent (the real server loses them, kubemq-api.md 5.3).
+	// actually sent (the real server loses them, docs/kubemq.md 5.3).
 	if len(d.members) == 0 && m.sent < d.cursor && sub.Group == "" {
 		d.cursor = m.sent
 	}

@@ -5,6 +5,11 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
 func FuzzCheckChannel(f *testing.F) {
@@ -64,4 +69,62 @@ func FuzzDecodeRecord(f *testing.F) {
 			_, _ = decodeRecord(data[0], data[1:])
 		}
 	})
+}
+
+// FuzzIndexQueueRecord: recovery's index-only reading of a queue record never panics, and agrees
+// with the full decoding on every record that decodes (channel, attributes, policy, size).
+func FuzzIndexQueueRecord(f *testing.F) {
+	for _, m := range []*kubemqpb.QueueMessage{
+		{MessageID: "id", ClientID: "c", Channel: "q", Metadata: "meta", Body: []byte("body"), Tags: map[string]string{"k": "v", "a": ""},
+			Attributes: &kubemqpb.QueueMessageAttributes{Sequence: 7, Timestamp: 9, ReceiveCount: 2, ExpirationAt: 11, ReRouted: true, ReRoutedFromQueue: "x"},
+			Policy:     &kubemqpb.QueueMessagePolicy{MaxReceiveCount: 5, MaxReceiveQueue: "dlq", DelaySeconds: 1}},
+		{Channel: "q", Attributes: &kubemqpb.QueueMessageAttributes{Sequence: 1}, Policy: &kubemqpb.QueueMessagePolicy{}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x3a, 0x02, 0x10})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		r, err := indexQueueRecord(p)
+		full, ferr := decodeRecord(recQueueMsg, p)
+		if ferr != nil {
+			return
+		}
+		if err != nil {
+			t.Fatalf("index refused a record that decodes: %v", err)
+		}
+		if r.qm.Channel != full.qm.Channel || !proto.Equal(r.qm.Attributes, full.qm.Attributes) || !proto.Equal(r.qm.Policy, full.qm.Policy) {
+			t.Fatalf("index %+v, decoded %+v", r.qm, full.qm)
+		}
+		if len(full.qm.Tags) == 0 || !duplicateTagKeys(p) {
+			if want := messageSize(full.qm); r.size != want {
+				t.Fatalf("index size %d, messageSize %d", r.size, want)
+			}
+		}
+	})
+}
+
+// duplicateTagKeys reports whether a QueueMessage encoding may repeat a tag key (the map keeps
+// one, the index counts both): the sizes are compared only without tags or when it cannot.
+func duplicateTagKeys(p []byte) bool {
+	seen := 0
+	for len(p) > 0 {
+		num, typ, n := protowire.ConsumeTag(p)
+		if n < 0 {
+			return true
+		}
+		p = p[n:]
+		n = protowire.ConsumeFieldValue(num, typ, p)
+		if n < 0 {
+			return true
+		}
+		p = p[n:]
+		if num == 6 {
+			seen++
+		}
+	}
+	return seen > 1
 }

@@ -45,7 +45,7 @@ func TestRetentionRemovesOldMessagesAndEvents(t *testing.T) {
 	clk.add(2 * time.Hour)
 	s.applyRetention()
 	q := s.getQueue("q", false)
-	if q.waitingLocked() != 1 || q.count != 1 || string(q.ready[q.head].m.Body) != "new" {
+	if q.waitingLocked() != 1 || q.count != 1 || headBody(t, s, q) != "new" {
 		t.Fatalf("queue after retention: waiting %d count %d", q.waitingLocked(), q.count)
 	}
 	c := s.getChannel("e", false)

@@ -8,7 +8,7 @@ import (
 )
 
 // Channel-name limits of the real store: each channel is a directory named prefix+name and a
-// file name holds at most 255 bytes (kubemq-api.md 5.1).
+// file name holds at most 255 bytes (docs/kubemq.md 5.1).
 const (
 	maxEventsChannelLen = 240
 	maxQueueNameLen     = 246

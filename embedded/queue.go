@@ -1,14 +1,19 @@
 package embedded
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"sync"
 
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-// Limits of the real server's default configuration (kubemq-api.md 3.4, 5.4).
+// Limits of the real server's default configuration (docs/kubemq.md 3.4, 5.4).
 const (
 	defaultMaxReceiveCount = 1024
 	maxExpirationSeconds   = 43200
@@ -21,12 +26,152 @@ const (
 	minGetWaitMillis       = 1000
 )
 
-// qmsg is one stored copy of a queue message. m is never mutated after it is stored: deliveries
-// get a fresh envelope (see delivery) that shares Body and Tags.
+// qmsg is one stored copy of a queue message: the fields every queue operation needs, and either
+// the message itself (in memory) or where its record is in the log (with a data directory, the
+// message is read back from its segment when it is delivered or moved, so that memory holds only
+// this index). m is never mutated after it is stored: deliveries get a fresh envelope (see
+// delivery) that shares Body and Tags.
 type qmsg struct {
-	m    *kubemqpb.QueueMessage // Attributes: Timestamp, Sequence, stored ReceiveCount, ReRouted...
-	seg  uint32                 // log segment holding the record (persistence)
-	size int64
+	m     *kubemqpb.QueueMessage // nil when only in the log; Attributes: Timestamp, Sequence, ...
+	seqN  uint64
+	ts    int64 // Attributes.Timestamp
+	expAt int64 // Attributes.ExpirationAt
+	lsn   uint64
+	off   int64  // record offset in its segment
+	size  int64  // messageSize
+	seg   uint32 // log segment holding the record (persistence)
+	n     uint32 // record length
+	rc    int32  // stored ReceiveCount
+	maxRC int32  // Policy.MaxReceiveCount
+}
+
+// newQmsg indexes m.
+func newQmsg(m *kubemqpb.QueueMessage) *qmsg {
+	a := m.Attributes
+	return &qmsg{m: m, seqN: a.Sequence, ts: a.Timestamp, expAt: a.ExpirationAt, size: messageSize(m),
+		rc: a.ReceiveCount, maxRC: m.Policy.MaxReceiveCount}
+}
+
+// spill drops the message from memory once its record (at off, n bytes, in seg; readable once
+// the log holds lsn) can be read back.
+func (qm *qmsg) spill(seg uint32, off int64, n int, lsn uint64) {
+	qm.seg, qm.off, qm.n, qm.lsn, qm.m = seg, off, uint32(n), lsn, nil
+}
+
+// load returns the stored message, reading it back from the log if it is not in memory.
+func (s *Server) load(qm *qmsg) (*kubemqpb.QueueMessage, error) {
+	if qm.m != nil {
+		return qm.m, nil
+	}
+	if s.store == nil {
+		return nil, errServerClosed
+	}
+	p, err := s.store.readRecord(qm.seg, qm.off, int(qm.n), qm.lsn, recQueueMsg)
+	if err != nil {
+		return nil, err
+	}
+	return decodeStored(p, qm)
+}
+
+// loadHeld loads messages a consumer holds, for a move that must happen: on a read error each is
+// loaded alone, and one that still cannot be read is replaced as mustLoad does.
+func (s *Server) loadHeld(qms []*qmsg) []*kubemqpb.QueueMessage {
+	ms, err := s.loadAll(qms)
+	if err == nil {
+		return ms
+	}
+	ms = make([]*kubemqpb.QueueMessage, len(qms))
+	for i, qm := range qms {
+		ms[i] = s.mustLoad(qm)
+	}
+	return ms
+}
+
+// decodeStored decodes a queue record read back from the log.
+func decodeStored(p []byte, qm *qmsg) (*kubemqpb.QueueMessage, error) {
+	m := &kubemqpb.QueueMessage{}
+	if !fastpb.Unmarshal(p, m) {
+		if err := proto.Unmarshal(p, m); err != nil {
+			m = nil
+		}
+	}
+	if m == nil || m.Attributes == nil || m.Policy == nil || m.Attributes.Sequence != qm.seqN {
+		return nil, fmt.Errorf("embedded: queue record of segment %d at %d is damaged", qm.seg, qm.off)
+	}
+	return m, nil
+}
+
+// readSpan is how far apart two records of one queue may be in a segment and still be read back
+// with one read (the bytes between them are read and skipped).
+const readSpan = 256 << 10
+
+// loadAll is load for many messages: records that lie close together in one segment (a queue's
+// messages usually do) are read back with one read.
+func (s *Server) loadAll(qms []*qmsg) ([]*kubemqpb.QueueMessage, error) {
+	out := make([]*kubemqpb.QueueMessage, len(qms))
+	for i := 0; i < len(qms); {
+		qm := qms[i]
+		if qm.m != nil || s.store == nil {
+			m, err := s.load(qm)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = m
+			i++
+			continue
+		}
+		// The run qms[i:j]: spilled, same segment, ascending and close.
+		j, end, lsn := i+1, qm.off+int64(qm.n), qm.lsn
+		for j < len(qms) {
+			x := qms[j]
+			if x.m != nil || x.seg != qm.seg || x.off < end || x.off+int64(x.n)-qm.off > readSpan {
+				break
+			}
+			end, lsn = x.off+int64(x.n), max(lsn, x.lsn)
+			j++
+		}
+		if j == i+1 {
+			m, err := s.load(qm)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = m
+			i++
+			continue
+		}
+		buf, err := s.store.readAt(qm.seg, qm.off, int(end-qm.off), lsn)
+		if err != nil {
+			return nil, err
+		}
+		for k := i; k < j; k++ {
+			x := qms[k]
+			rel := x.off - qm.off
+			typ, p, n, err := unframe(buf[rel : rel+int64(x.n)])
+			if err != nil || n != int(x.n) || typ != recQueueMsg {
+				return nil, fmt.Errorf("embedded: record of segment %d at %d is damaged", x.seg, x.off)
+			}
+			if out[k], err = decodeStored(p, x); err != nil {
+				return nil, err
+			}
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// mustLoad is load for paths that cannot report an error (moves decided under a queue's lock):
+// a record that cannot be read back is logged and an empty message with the index's attributes
+// takes its place, so the move still happens and nothing panics.
+func (s *Server) mustLoad(qm *qmsg) *kubemqpb.QueueMessage {
+	m, err := s.load(qm)
+	if err == nil {
+		return m
+	}
+	s.log.Error("cannot read a stored message back from the log", zap.Uint64("sequence", qm.seqN), zap.Error(err))
+	return &kubemqpb.QueueMessage{
+		Attributes: &kubemqpb.QueueMessageAttributes{Sequence: qm.seqN, Timestamp: qm.ts, ReceiveCount: qm.rc, ExpirationAt: qm.expAt},
+		Policy:     &kubemqpb.QueueMessagePolicy{MaxReceiveCount: qm.maxRC},
+	}
 }
 
 // deliveryOverhead approximates a delivered message's envelope, so that a response built up to
@@ -38,17 +183,28 @@ const maxDeliveryBytes = maxGRPCMessage - 4<<20
 
 func (qm *qmsg) cost() int64 { return qm.size + deliveryOverhead }
 
-func (qm *qmsg) seq() uint64     { return qm.m.Attributes.Sequence }
-func (qm *qmsg) storedRC() int32 { return qm.m.Attributes.ReceiveCount }
-func (qm *qmsg) maxRC() int32    { return qm.m.Policy.MaxReceiveCount }
+func (qm *qmsg) seq() uint64       { return qm.seqN }
+func (qm *qmsg) storedRC() int32   { return qm.rc }
+func (qm *qmsg) maxReceive() int32 { return qm.maxRC }
 func (qm *qmsg) expiredAt(now int64) bool {
-	e := qm.m.Attributes.ExpirationAt
-	return e != 0 && now >= e
+	return qm.expAt != 0 && now >= qm.expAt
+}
+
+// deliveries builds the messages as their consumer sees them (shown[i] is qms[i]'s receive
+// count), reading back from the log those not in memory.
+func (s *Server) deliveries(qms []*qmsg, shown []int32) ([]*kubemqpb.QueueMessage, error) {
+	out, err := s.loadAll(qms)
+	if err != nil {
+		return nil, err
+	}
+	for i, m := range out {
+		out[i] = delivery(m, shown[i])
+	}
+	return out, nil
 }
 
 // delivery is the message as a consumer sees it on its rc-th delivery.
-func (qm *qmsg) delivery(rc int32) *kubemqpb.QueueMessage {
-	m := qm.m
+func delivery(m *kubemqpb.QueueMessage, rc int32) *kubemqpb.QueueMessage {
 	a := m.Attributes
 	p := m.Policy
 	return &kubemqpb.QueueMessage{
@@ -120,9 +276,14 @@ type queue struct {
 	waiters   []*waiter
 	consumers int64 // downstream Gets waiting or holding, streams holding
 	read      bool  // some consumer has read the queue (QueuesInfo Subscribers stays at least 1)
+	// lastActive is the last send or consumer activity (Unix ns), for MaxPurgeInactive.
+	lastActive int64
+	// purged is set when the queue was deleted for inactivity: a caller that got it before
+	// must look the name up again.
+	purged bool
 
 	// txOwner is the downstream transaction that currently holds or waits on this queue; strict
-	// mode allows one at a time (kubemq-api.md 8.8).
+	// mode allows one at a time (docs/kubemq.md 8.8).
 	txOwner *dsTx
 }
 
@@ -137,18 +298,24 @@ func (s *Server) getQueue(name string, create bool) *queue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q = s.queues[name]; q == nil {
-		q = &queue{s: s, name: name}
-		s.queues[name] = q
-		ln := listedName(name)
-		s.listed[ln] = append(s.listed[ln], q)
+		q = s.newQueueLocked(name)
 	}
+	return q
+}
+
+// newQueueLocked creates and registers a queue. s.mu must be held for writing.
+func (s *Server) newQueueLocked(name string) *queue {
+	q := &queue{s: s, name: name, lastActive: s.now().UnixNano()}
+	s.queues[name] = q
+	ln := listedName(name)
+	s.listed[ln] = append(s.listed[ln], q)
 	return q
 }
 
 // listedName is the name QueuesInfo lists a queue under, and matches its filter against: as on
 // the real server, leading and trailing '_', 'Q', 'U', 'E', 'S' and '.' are cut off (the real
 // server takes the name out of its internal subject "_QUEUES_.<name>" by trimming those
-// characters; kubemq-api.md 5.9). So "ORDERS" is listed as "ORDER", and "orderS" and "order"
+// characters; docs/kubemq.md 5.9). So "ORDERS" is listed as "ORDER", and "orderS" and "order"
 // share one name.
 func listedName(name string) string { return strings.Trim(name, "_QUES.") }
 
@@ -158,13 +325,21 @@ func (q *queue) appendLocked(m *kubemqpb.QueueMessage, now int64) uint64 {
 	q.lastSeq++
 	m.Attributes.Sequence = q.lastSeq
 	m.Attributes.Timestamp = now
-	qm := &qmsg{m: m, size: messageSize(m)}
-	lsn, seg := q.s.logQueueMsg(m)
+	qm := newQmsg(m)
+	lsn, seg, off, n := q.s.logQueueMsg(m)
 	qm.seg = seg
+	if q.s.store != nil {
+		qm.spill(seg, off, n, lsn)
+	}
 	q.count++
 	q.bytes += qm.size
+	if qm.m != nil {
+		q.s.mem.Add(qm.size) // in memory, not only in the log
+	}
 	q.sent++
+	q.lastActive = now
 	q.offerLocked(qm)
+	q.trimLocked()
 	return lsn
 }
 
@@ -231,7 +406,7 @@ type pendingMove struct {
 // and messages over their receive limit met on the way are removed (the latter dead-lettered
 // through moves) and counted, like the real server does during a read. With dropsTakeSlots they
 // also count toward max, as in a downstream Get on the real server, whose transaction receives
-// them before it leaves them out (kubemq-api.md 5.9).
+// them before it leaves them out (docs/kubemq.md 5.9).
 // dropped counts every message removed, expired or over its limit.
 func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, dropsTakeSlots bool) (out []*qmsg, expired, dropped int, moves []pendingMove) {
 	var bytes int64
@@ -253,8 +428,8 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, drop
 			q.forgetLocked(qm)
 			continue
 		}
-		if qm.storedRC() >= qm.maxRC() {
-			if mv, ok := deadLetter(q.name, qm); ok {
+		if qm.storedRC() >= qm.maxReceive() {
+			if mv, ok := q.deadLetter(qm, nil); ok {
 				moves = append(moves, mv)
 			}
 			gone = append(gone, qm.seq())
@@ -276,6 +451,9 @@ func (q *queue) takeLocked(now int64, max int, maxBytes int64, got []*qmsg, drop
 func (q *queue) forgetLocked(qm *qmsg) {
 	q.count--
 	q.bytes -= qm.size
+	if qm.m != nil {
+		q.s.mem.Add(-qm.size)
+	}
 	q.s.releaseSeg(qm.seg)
 }
 
@@ -339,14 +517,17 @@ func (q *queue) removeWaiterLocked(w *waiter) {
 	}
 }
 
-// deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (kubemq-api.md
+// deadLetter builds the copy that goes to qm's dead-letter queue, if it has one (docs/kubemq.md
 // 5.4.5: ReRouted, source queue, receive count 0, empty policy).
-func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
-	dlq := qm.m.Policy.MaxReceiveQueue
+func (q *queue) deadLetter(qm *qmsg, m *kubemqpb.QueueMessage) (pendingMove, bool) {
+	from := q.name
+	if m == nil {
+		m = q.s.mustLoad(qm)
+	}
+	dlq := m.Policy.MaxReceiveQueue
 	if dlq == "" {
 		return pendingMove{}, false
 	}
-	m := qm.m
 	return pendingMove{to: dlq, m: &kubemqpb.QueueMessage{
 		MessageID: m.MessageID,
 		ClientID:  m.ClientID,
@@ -358,15 +539,14 @@ func deadLetter(from string, qm *qmsg) (pendingMove, bool) {
 			ReRouted:          true,
 			ReRoutedFromQueue: from,
 		},
-		Policy: &kubemqpb.QueueMessagePolicy{MaxReceiveCount: defaultMaxReceiveCount},
+		Policy: &kubemqpb.QueueMessagePolicy{MaxReceiveCount: int32(q.s.opts.MaxReceiveCount)},
 	}}, true
 }
 
 // requeueCopy is qm moved to another queue by ReQueue or Resend: new copy, receive count reset.
 // Neither sets ReRouted or ReRoutedFromQueue: the real server leaves them unset on a ReQueue too
-// (kubemq-api.md 5.9); only a dead-letter move sets them.
-func requeueCopy(to string, qm *qmsg) *kubemqpb.QueueMessage {
-	m := qm.m
+// (docs/kubemq.md 5.9); only a dead-letter move sets them.
+func requeueCopy(to string, m *kubemqpb.QueueMessage) *kubemqpb.QueueMessage {
 	a := &kubemqpb.QueueMessageAttributes{ExpirationAt: m.Attributes.ExpirationAt}
 	p := m.Policy
 	return &kubemqpb.QueueMessage{
@@ -380,8 +560,7 @@ func requeueCopy(to string, qm *qmsg) *kubemqpb.QueueMessage {
 
 // nackCopy is the re-appended copy after a nack that stays within the receive limit: the stored
 // receive count becomes the delivered one.
-func nackCopy(qm *qmsg, shownRC int32) *kubemqpb.QueueMessage {
-	m := qm.m
+func nackCopy(m *kubemqpb.QueueMessage, shownRC int32) *kubemqpb.QueueMessage {
 	a := m.Attributes
 	p := m.Policy
 	return &kubemqpb.QueueMessage{
@@ -402,15 +581,16 @@ func nackCopy(qm *qmsg, shownRC int32) *kubemqpb.QueueMessage {
 // counts: re-append at the tail (same queue, under the held lock) or return a move to the DLQ.
 // The originals are settled after their replacement is logged, so a crash can duplicate but not
 // lose.
-func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
+// ms are the messages of qms (loaded).
+func (q *queue) nackLocked(qms []*qmsg, ms []*kubemqpb.QueueMessage, shown []int32, now int64) (lsn uint64, moves []pendingMove) {
 	for i, qm := range qms {
-		if shown[i]+1 > qm.maxRC() {
-			if mv, ok := deadLetter(q.name, qm); ok {
+		if shown[i]+1 > qm.maxReceive() {
+			if mv, ok := q.deadLetter(qm, ms[i]); ok {
 				moves = append(moves, mv)
 			}
 			continue
 		}
-		lsn = q.appendLocked(nackCopy(qm, shown[i]), now)
+		lsn = q.appendLocked(nackCopy(ms[i], shown[i]), now)
 	}
 	if len(moves) == 0 {
 		q.settleLocked(qms)
@@ -422,8 +602,7 @@ func (q *queue) nackLocked(qms []*qmsg, shown []int32, now int64) (lsn uint64, m
 func (s *Server) applyMoves(moves []pendingMove, now int64) uint64 {
 	var lsn uint64
 	for _, mv := range moves {
-		q := s.getQueue(mv.to, true)
-		q.mu.Lock()
+		q, _ := s.lockQueue(mv.to, false)
 		lsn = q.appendLocked(mv.m, now)
 		q.mu.Unlock()
 	}
@@ -433,9 +612,10 @@ func (s *Server) applyMoves(moves []pendingMove, now int64) uint64 {
 // nack is nackLocked plus its dead-letter moves, with the originals settled only after the moved
 // copies are logged.
 func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
+	ms := s.loadHeld(qms) // held: their records stay; read outside the queue's lock
 	now := s.now().UnixNano()
 	q.mu.Lock()
-	_, moves := q.nackLocked(qms, shown, now)
+	_, moves := q.nackLocked(qms, ms, shown, now)
 	q.mu.Unlock()
 	if len(moves) > 0 {
 		s.applyMoves(moves, now)
@@ -449,8 +629,8 @@ func (s *Server) nack(q *queue, qms []*qmsg, shown []int32) {
 func (s *Server) moveTo(q *queue, qms []*qmsg, to string) {
 	now := s.now().UnixNano()
 	moves := make([]pendingMove, len(qms))
-	for i, qm := range qms {
-		moves[i] = pendingMove{to: to, m: requeueCopy(to, qm)}
+	for i, m := range s.loadHeld(qms) {
+		moves[i] = pendingMove{to: to, m: requeueCopy(to, m)}
 	}
 	s.applyMoves(moves, now)
 	q.mu.Lock()

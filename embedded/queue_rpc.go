@@ -11,14 +11,14 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-// waitSeconds turns a WaitTimeSeconds field into a duration: 0 means 1 s; beyond 0..3600 is
-// Error 136.
-func waitSeconds(v int32) (time.Duration, string) {
-	if v < 0 || v > maxWaitSeconds {
+// waitSeconds turns a WaitTimeSeconds field into a duration: 0 means DefaultWaitSeconds (1 s);
+// beyond 0..MaxWaitSeconds (3600) is Error 136.
+func (s *Server) waitSeconds(v int32) (time.Duration, string) {
+	if v < 0 || int(v) > s.opts.MaxWaitSeconds {
 		return 0, errWaitTimeout
 	}
 	if v == 0 {
-		v = 1
+		v = int32(s.opts.DefaultWaitSeconds)
 	}
 	return time.Duration(v) * time.Second, ""
 }
@@ -30,6 +30,7 @@ func (s *Server) collect(ctx context.Context, q *queue, max int, wait time.Durat
 	q.mu.Lock()
 	q.consumers++
 	q.read = true
+	q.lastActive = now
 	got, expired, _, moves := q.takeLocked(now, max, maxDeliveryBytes, nil, false)
 	var w *waiter
 	if len(got) < max && !budgetFull(got) {
@@ -59,6 +60,7 @@ func (s *Server) collect(ctx context.Context, q *queue, max int, wait time.Durat
 	}
 	q.mu.Lock()
 	q.consumers--
+	q.lastActive = s.now().UnixNano()
 	q.mu.Unlock()
 	return got, expired
 }
@@ -81,14 +83,17 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 	if e := checkChannel(req.Channel, kindQueue); e != "" {
 		return fail(e)
 	}
-	if req.MaxNumberOfMessages < 1 || req.MaxNumberOfMessages > maxReceiveMessages {
+	if req.MaxNumberOfMessages < 1 || int(req.MaxNumberOfMessages) > s.opts.MaxReceiveMessages {
 		return fail(errMaxMessages)
 	}
-	wait, e := waitSeconds(req.WaitTimeSeconds)
+	wait, e := s.waitSeconds(req.WaitTimeSeconds)
 	if e != "" {
 		return fail(e)
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return fail(e)
+	}
 	if req.IsPeak {
 		now := s.now().UnixNano()
 		q.mu.Lock()
@@ -99,7 +104,12 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 			if qm.expiredAt(now) {
 				continue
 			}
-			resp.Messages = append(resp.Messages, qm.delivery(qm.storedRC()+1))
+			m, err := s.load(qm)
+			if err != nil {
+				q.mu.Unlock()
+				return fail("Error 121: cannot read messages back from the store: " + err.Error())
+			}
+			resp.Messages = append(resp.Messages, delivery(m, qm.storedRC()+1))
 		}
 		q.mu.Unlock()
 		resp.MessagesReceived = int32(len(resp.Messages))
@@ -116,12 +126,22 @@ func (s *Server) ReceiveQueueMessages(ctx context.Context, req *kubemqpb.Receive
 		}
 		return nil, ctx.Err()
 	}
+	q.mu.Unlock()
+	// Read back before settling: a settled record's segment may be deleted.
+	shown := make([]int32, len(got))
+	for i, qm := range got {
+		shown[i] = qm.storedRC() + 1
+	}
+	msgs, err := s.deliveries(got, shown)
+	q.mu.Lock()
+	if err != nil {
+		q.giveBackLocked(got)
+		q.mu.Unlock()
+		return fail("Error 121: cannot read messages back from the store: " + err.Error())
+	}
 	q.settleLocked(got)
 	q.mu.Unlock()
-	resp.Messages = make([]*kubemqpb.QueueMessage, len(got))
-	for i, qm := range got {
-		resp.Messages[i] = qm.delivery(qm.storedRC() + 1)
-	}
+	resp.Messages = msgs
 	resp.MessagesReceived = int32(len(got))
 	resp.MessagesExpired = int32(expired)
 	return resp, nil
@@ -141,11 +161,14 @@ func (s *Server) AckAllQueueMessages(ctx context.Context, req *kubemqpb.AckAllQu
 	if e := checkChannel(req.Channel, kindQueue); e != "" {
 		return fail(e)
 	}
-	wait, e := waitSeconds(req.WaitTimeSeconds)
+	wait, e := s.waitSeconds(req.WaitTimeSeconds)
 	if e != "" {
 		return fail(e)
 	}
-	q := s.getQueue(req.Channel, true)
+	q, e := s.openQueue(req.Channel)
+	if e != "" {
+		return fail(e)
+	}
 	deadline := time.Now().Add(wait)
 	var total uint64
 	for {
@@ -169,7 +192,7 @@ func (s *Server) AckAllQueueMessages(ctx context.Context, req *kubemqpb.AckAllQu
 // QueuesInfo reports per-queue statistics: all queues, or those listed under one of the
 // ';'-separated names. As on the real server, a queue is listed under listedName(name), and the
 // filter matches that name exactly: a queue whose name begins or ends with one of the trimmed
-// characters is found only under its trimmed name, and shares it with others (kubemq-api.md 5.9).
+// characters is found only under its trimmed name, and shares it with others (docs/kubemq.md 5.9).
 func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) (*kubemqpb.QueuesInfoResponse, error) {
 	var qs []*queue
 	s.mu.RLock()
@@ -191,7 +214,7 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 	info := &kubemqpb.QueuesInfo{}
 	for _, q := range qs {
 		q.mu.Lock()
-		// As on the real server (kubemq-api.md 5.9): Waiting counts the messages held in open
+		// As on the real server (docs/kubemq.md 5.9): Waiting counts the messages held in open
 		// transactions too, and Subscribers stays at 1 once the queue has been read, so
 		// neither tells who else reads the queue.
 		subs := q.consumers
@@ -216,7 +239,7 @@ func (s *Server) QueuesInfo(_ context.Context, req *kubemqpb.QueuesInfoRequest) 
 }
 
 // StreamQueueMessage serves one message per stream with a server-side visibility timer
-// (kubemq-api.md 5.4.3 b). The stream ends after settlement, a wait timeout or a visibility
+// (docs/kubemq.md 5.4.3 b). The stream ends after settlement, a wait timeout or a visibility
 // expiry.
 func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.StreamQueueMessagesRequest, kubemqpb.StreamQueueMessagesResponse]) error {
 	ctx := stream.Context()
@@ -301,24 +324,29 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				continue
 			}
 			vis := req.VisibilitySeconds
-			if vis < 0 || vis > maxVisibilitySeconds {
+			if vis < 0 || int(vis) > s.opts.MaxVisibilitySeconds {
 				if err := reply(req, nil, errVisibility); err != nil {
 					return err
 				}
 				continue
 			}
 			if vis == 0 {
-				vis = defaultVisibility
+				vis = int32(s.opts.DefaultVisibilitySeconds)
 			}
-			wait, e := waitSeconds(req.WaitTimeSeconds)
+			wait, e := s.waitSeconds(req.WaitTimeSeconds)
 			if e != "" {
 				if err := reply(req, nil, e); err != nil {
 					return err
 				}
 				continue
 			}
+			if q, e = s.openQueue(req.Channel); e != "" {
+				if err := reply(req, nil, e); err != nil {
+					return err
+				}
+				continue
+			}
 			active = true
-			q = s.getQueue(req.Channel, true)
 			got, _ := s.collect(ctx, q, 1, wait)
 			if ctx.Err() != nil || s.ctx.Err() != nil {
 				// Ended while waiting: what the wait caught goes back untouched.
@@ -342,7 +370,20 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 			shown = held.storedRC() + 1
 			visT = time.NewTimer(time.Duration(vis) * time.Second)
 			visC = visT.C
-			if err := reply(req, held.delivery(shown), ""); err != nil {
+			m, lerr := s.load(held)
+			if lerr != nil {
+				visT.Stop()
+				visC = nil
+				q.mu.Lock()
+				q.giveBackLocked(got)
+				q.mu.Unlock()
+				held = nil
+				if err := reply(req, nil, "Error 121: cannot read messages back from the store: "+lerr.Error()); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := reply(req, delivery(m, shown), ""); err != nil {
 				return err
 			}
 		case kubemqpb.StreamRequestType_AckMessage, kubemqpb.StreamRequestType_RejectMessage:
@@ -380,14 +421,14 @@ func (s *Server) StreamQueueMessage(stream grpc.BidiStreamingServer[kubemqpb.Str
 				continue
 			}
 			vis := req.VisibilitySeconds
-			if vis < 0 || vis > maxVisibilitySeconds {
+			if vis < 0 || int(vis) > s.opts.MaxVisibilitySeconds {
 				if err := reply(req, nil, errVisibility); err != nil {
 					return err
 				}
 				continue
 			}
 			if vis == 0 {
-				vis = defaultVisibility
+				vis = int32(s.opts.DefaultVisibilitySeconds)
 			}
 			visT.Stop()
 			visT = time.NewTimer(time.Duration(vis) * time.Second)

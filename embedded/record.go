@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/crc32"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient/fastpb"
@@ -22,6 +23,13 @@ const (
 	recCursor      byte = 6 // durable key, channel, cursor
 	recQueueMeta   byte = 7 // queue name, last sequence, sent, delivered
 	recChannelMeta byte = 8 // channel name, last sequence
+	recPurge       byte = 9 // kind (recPurgeQueue or recPurgeChannel), name: deleted for inactivity
+)
+
+// Kinds of recPurge.
+const (
+	recPurgeQueue   byte = 1
+	recPurgeChannel byte = 2
 )
 
 const frameHeader = 9
@@ -133,6 +141,73 @@ type record struct {
 	channel string                 // recCursor
 	id      uint64                 // recDelayAdd
 	nums    []uint64               // recQueueDel sequences, recDelayDone ids; meta values
+	size    int64                  // recQueueMsg read by indexQueueRecord: the message's messageSize
+}
+
+// indexQueueRecord reads what recovery keeps of a queue record (recQueueMsg) without copying its
+// body or other contents: a message with only Channel, Attributes and Policy, and the stored
+// message's messageSize. The record is read back whole when it is delivered. Malformed input is
+// an error, never a panic.
+func indexQueueRecord(p []byte) (record, error) {
+	r := record{typ: recQueueMsg, qm: &kubemqpb.QueueMessage{}}
+	m := r.qm
+	for len(p) > 0 {
+		num, typ, n := protowire.ConsumeTag(p)
+		if n < 0 {
+			return r, errCorrupt
+		}
+		p = p[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, p); n < 0 {
+				return r, errCorrupt
+			}
+			p = p[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(p)
+		if n < 0 {
+			return r, errCorrupt
+		}
+		p = p[n:]
+		switch num {
+		case 1, 2, 4, 5: // MessageID, ClientID, Metadata, Body
+			r.size += int64(len(v))
+		case 3:
+			m.Channel = string(v)
+			r.size += int64(len(v))
+		case 6: // one Tags entry: key 1, value 2
+			for len(v) > 0 {
+				_, t, k := protowire.ConsumeTag(v)
+				if k < 0 || t != protowire.BytesType {
+					return r, errCorrupt
+				}
+				b, l := protowire.ConsumeBytes(v[k:])
+				if l < 0 {
+					return r, errCorrupt
+				}
+				r.size += int64(len(b))
+				v = v[k+l:]
+			}
+		case 7:
+			if m.Attributes == nil {
+				m.Attributes = &kubemqpb.QueueMessageAttributes{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, m.Attributes); err != nil {
+				return r, errCorrupt
+			}
+		case 8:
+			if m.Policy == nil {
+				m.Policy = &kubemqpb.QueueMessagePolicy{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, m.Policy); err != nil {
+				return r, errCorrupt
+			}
+		}
+	}
+	if m.Attributes == nil || m.Policy == nil || m.Attributes.Sequence == 0 {
+		return r, errCorrupt
+	}
+	return r, nil
 }
 
 // decodeRecord parses a payload of the given type. Unknown types and malformed payloads are
@@ -184,6 +259,12 @@ func decodeRecord(typ byte, p []byte) (record, error) {
 	case recChannelMeta:
 		r.name = d.str()
 		r.nums = []uint64{d.uvarint()}
+	case recPurge:
+		r.nums = []uint64{d.uvarint()}
+		r.name = d.str()
+		if d.err == nil && r.nums[0] != uint64(recPurgeQueue) && r.nums[0] != uint64(recPurgeChannel) {
+			return r, errCorrupt
+		}
 	default:
 		return r, errCorrupt
 	}

@@ -1,8 +1,11 @@
 package embedded
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 
@@ -21,30 +24,62 @@ type recovery struct {
 func newRecovery(s *Server, st *logStore) *recovery {
 	return &recovery{
 		s: s, st: st, msgs: map[string]map[uint64]*qmsg{}, delays: map[uint64]*delayed{},
-		cutoff: s.now().Add(-s.opts.MaxRetention).UnixNano(),
+		cutoff: s.retentionCutoff(),
 	}
 }
 
 // replaySegment applies one segment. A torn or damaged tail (a crash mid-write) is cut off.
+// The segment is read through a buffer, one record at a time (decoding copies what it keeps), so
+// that recovery does not hold a whole segment.
 func (rc *recovery) replaySegment(id uint32) error {
 	path := segPath(rc.st.dir, id)
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("embedded: read %s: %w", path, err)
 	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("embedded: read %s: %w", path, err)
+	}
+	size := int(fi.Size())
+	br := bufio.NewReaderSize(f, 1<<20)
+	var buf []byte
 	si := rc.st.addSeg(id)
 	off := 0
-	for off < len(data) {
-		typ, payload, n, err := unframe(data[off:])
+	for off < size {
+		// One frame: its header says how long it is; a short or damaged one is cut below.
+		var typ byte
+		var payload []byte
+		var n int
+		hdr, err := br.Peek(8)
+		if err == nil {
+			flen := int(binary.LittleEndian.Uint32(hdr[0:4]))
+			if flen < 1 || flen > maxRecord || off+8+flen > size {
+				err = errCorrupt
+			} else {
+				if cap(buf) < 8+flen {
+					buf = make([]byte, 8+flen)
+				}
+				buf = buf[:8+flen]
+				if _, err = io.ReadFull(br, buf); err == nil {
+					typ, payload, n, err = unframe(buf)
+				}
+			}
+		}
 		if err == nil {
 			var r record
-			r, err = decodeRecord(typ, payload)
+			if typ == recQueueMsg {
+				r, err = indexQueueRecord(payload) // the index only: the body stays on disk
+			} else {
+				r, err = decodeRecord(typ, payload)
+			}
 			if err == nil {
-				rc.apply(r, id, si)
+				rc.apply(r, id, si, int64(off), n)
 			}
 		}
 		if err != nil {
-			rc.s.log.Warn("log cut at a damaged record", zap.String("segment", path), zap.Int("offset", off), zap.Int("dropped_bytes", len(data)-off))
+			rc.s.log.Warn("log cut at a damaged record", zap.String("segment", path), zap.Int("offset", off), zap.Int("dropped_bytes", size-off))
 			if terr := os.Truncate(path, int64(off)); terr != nil {
 				return fmt.Errorf("embedded: truncate %s: %w", path, errors.Join(err, terr))
 			}
@@ -55,7 +90,8 @@ func (rc *recovery) replaySegment(id uint32) error {
 	return nil
 }
 
-func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
+// apply applies one record, found at off (n bytes) in segment seg.
+func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 	s := rc.s
 	switch r.typ {
 	case recQueueMsg:
@@ -73,7 +109,10 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 		if old := byQ[seq]; old != nil {
 			rc.st.release(old.seg)
 		}
-		byQ[seq] = &qmsg{m: m, seg: seg, size: messageSize(m)}
+		qm := newQmsg(m)
+		qm.size = r.size
+		qm.spill(seg, off, n, 0)
+		byQ[seq] = qm
 		si.live.Add(1)
 	case recQueueDel:
 		byQ := rc.msgs[r.name]
@@ -95,7 +134,11 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 			c.first = e.Sequence
 		}
 		c.last = e.Sequence
-		c.events = append(c.events, &storedEvent{e: e, seg: seg})
+		size := eventSize(e)
+		c.events = append(c.events, &storedEvent{e: e, seg: seg, size: size})
+		c.bytes += size
+		s.mem.Add(size)
+		c.trimLocked(s, rc.st.release) // the same rule as at publish
 	case recDelayAdd:
 		rc.delays[r.id] = &delayed{id: r.id, m: r.qm, seg: seg}
 		si.live.Add(1)
@@ -118,6 +161,29 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 		q.lastSeq = max(q.lastSeq, r.nums[0])
 		q.sent = max(q.sent, int64(r.nums[1]))
 		q.delivered = max(q.delivered, int64(r.nums[2]))
+	case recPurge:
+		if r.nums[0] == uint64(recPurgeQueue) {
+			for _, qm := range rc.msgs[r.name] {
+				rc.st.release(qm.seg)
+			}
+			delete(rc.msgs, r.name)
+			if q := s.queues[r.name]; q != nil {
+				s.removeQueueLocked(q)
+			}
+			return
+		}
+		if c := s.channels[r.name]; c != nil {
+			for _, ev := range c.events {
+				s.mem.Add(-ev.size)
+				rc.st.release(ev.seg)
+			}
+			delete(s.channels, r.name)
+			for k, d := range s.durables {
+				if d.ch == c {
+					delete(s.durables, k)
+				}
+			}
+		}
 	case recChannelMeta:
 		c := s.getChannel(r.name, true)
 		if r.nums[0] > c.last {
@@ -131,20 +197,32 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo) {
 
 // finish moves the recovered copies into their queues in sequence order. Messages that were held
 // by a consumer when the server stopped are visible again (the real server strands them after a
-// crash, kubemq-api.md 8.6).
+// crash, docs/kubemq.md 8.6).
 func (rc *recovery) finish() {
 	s := rc.s
 	for name, byQ := range rc.msgs {
 		q := s.getQueue(name, true)
 		list := make([]*qmsg, 0, len(byQ))
 		for _, qm := range byQ {
-			if qm.m.Attributes.Timestamp < rc.cutoff {
+			if qm.ts < rc.cutoff {
 				rc.st.release(qm.seg)
 				continue
 			}
 			list = append(list, qm)
 		}
 		sort.Slice(list, func(i, j int) bool { return list[i].seq() < list[j].seq() })
+		// Limits lowered since the copies were stored: the oldest go, as at a send (not
+		// logged; the next start applies the same rule).
+		o := &s.opts
+		var bytes int64
+		for _, qm := range list {
+			bytes += qm.size
+		}
+		for len(list) > 1 && ((o.MaxChannelMessages > 0 && len(list) > o.MaxChannelMessages) || (o.MaxChannelBytes > 0 && bytes > o.MaxChannelBytes)) {
+			bytes -= list[0].size
+			rc.st.release(list[0].seg)
+			list = list[1:]
+		}
 		q.ready = list
 		q.count = int64(len(list))
 		for _, qm := range list {

@@ -32,13 +32,14 @@ func (s *Server) checkQueueMessage(m *kubemqpb.QueueMessage) string {
 		return errTooLarge(int(n), s.opts.MaxMessageBytes)
 	}
 	if p := m.Policy; p != nil {
-		if p.ExpirationSeconds < 0 || p.ExpirationSeconds > maxExpirationSeconds {
+		o := &s.opts
+		if p.ExpirationSeconds < 0 || int(p.ExpirationSeconds) > o.MaxExpirationSeconds {
 			return errExpiration
 		}
-		if p.DelaySeconds < 0 || p.DelaySeconds > maxDelaySeconds {
+		if p.DelaySeconds < 0 || int(p.DelaySeconds) > o.MaxDelaySeconds {
 			return errDelay
 		}
-		if p.MaxReceiveCount < 0 || p.MaxReceiveCount > defaultMaxReceiveCount {
+		if p.MaxReceiveCount < 0 || int(p.MaxReceiveCount) > o.MaxReceiveCount {
 			return errMaxReceiveCount
 		}
 		if p.MaxReceiveQueue != "" {
@@ -79,7 +80,7 @@ func (s *Server) prepareQueue(m *kubemqpb.QueueMessage, now time.Time) (res *kub
 		p.MaxReceiveQueue = m.Policy.MaxReceiveQueue
 	}
 	if p.MaxReceiveCount == 0 {
-		p.MaxReceiveCount = defaultMaxReceiveCount
+		p.MaxReceiveCount = int32(s.opts.MaxReceiveCount)
 	}
 	ns := now.UnixNano()
 	var delayedTo, expAt int64
@@ -105,23 +106,36 @@ func (s *Server) sendQueue(m *kubemqpb.QueueMessage, now time.Time) (*kubemqpb.S
 		return res, 0
 	}
 	if stored.Attributes.DelayedTo != 0 {
+		if e := s.canCreateQueue(stored.Channel); e != "" {
+			return refused(res, e), 0
+		}
 		lsn, ok := s.delays.add(stored)
 		if !ok {
 			return refusedDelay(res), 0
 		}
 		return res, lsn
 	}
-	q := s.getQueue(m.Channel, true)
-	q.mu.Lock()
+	if e := s.memFull(messageSize(stored), 0); e != "" {
+		return refused(res, e), 0
+	}
+	q, e := s.lockQueue(m.Channel, true)
+	if e != "" {
+		return refused(res, e), 0
+	}
 	lsn := q.appendLocked(stored, now.UnixNano())
 	q.mu.Unlock()
 	return res, lsn
 }
 
+// refused turns the result of a message the store refused (a limit) into an error.
+func refused(res *kubemqpb.SendQueueMessageResult, e string) *kubemqpb.SendQueueMessageResult {
+	return &kubemqpb.SendQueueMessageResult{MessageID: res.MessageID, IsError: true, Error: e}
+}
+
 // refusedDelay turns the result of a delayed message that strict mode refused into an error.
 func refusedDelay(res *kubemqpb.SendQueueMessageResult) *kubemqpb.SendQueueMessageResult {
 	return &kubemqpb.SendQueueMessageResult{MessageID: res.MessageID, IsError: true,
-		Error: "strict mode: a message with this MessageID is still delayed; the real server loses one of them (kubemq-api.md 9.1)"}
+		Error: "strict mode: a message with this MessageID is still delayed; the real server loses one of them (docs/kubemq.md 9.1)"}
 }
 
 // durable waits until the log holds everything up to lsn; on failure every result that was not
@@ -160,6 +174,11 @@ func (s *Server) sendBatch(msgs []*kubemqpb.QueueMessage) ([]*kubemqpb.SendQueue
 		}
 		var lsn uint64
 		if stored.Attributes.DelayedTo != 0 {
+			if e := s.canCreateQueue(stored.Channel); e != "" {
+				results[i] = refused(res, e)
+				haveErrors = true
+				continue
+			}
 			var ok bool
 			if lsn, ok = s.delays.add(stored); !ok {
 				results[i] = refusedDelay(res)
@@ -167,12 +186,22 @@ func (s *Server) sendBatch(msgs []*kubemqpb.QueueMessage) ([]*kubemqpb.SendQueue
 				continue
 			}
 		} else {
+			if e := s.memFull(messageSize(stored), 0); e != "" {
+				results[i] = refused(res, e)
+				haveErrors = true
+				continue
+			}
 			if q == nil || q.name != stored.Channel {
 				if q != nil {
 					q.mu.Unlock()
+					q = nil
 				}
-				q = s.getQueue(stored.Channel, true)
-				q.mu.Lock()
+				var e string
+				if q, e = s.lockQueue(stored.Channel, true); e != "" {
+					results[i] = refused(res, e)
+					haveErrors = true
+					continue
+				}
 			}
 			lsn = q.appendLocked(stored, ns)
 		}
@@ -250,7 +279,7 @@ func (s *Server) QueuesUpstream(stream grpc.BidiStreamingServer[kubemqpb.QueuesU
 			return serr
 		}
 		// The real server never ends an upstream stream after the client's half-close
-		// (kubemq-api.md 5.9): a client that waits for the end waits until it cancels.
+		// (docs/kubemq.md 5.9): a client that waits for the end waits until it cancels.
 		return s.awaitStreamEnd(stream.Context())
 	}
 	return recvErr

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,14 +34,74 @@ const maxGRPCMessage = 100 << 20
 // defaults.
 type Options struct {
 	DataDir string // "" = in memory
-	Strict  bool   // refuse hazardous usage patterns (kubemq-api.md 8, 9)
+	Strict  bool   // refuse hazardous usage patterns (docs/kubemq.md 8, 9)
 	// ScanDelays releases delayed messages as the real server's delay processor does
-	// (kubemq-api.md 9.1): every 500 ms, those due among the 1024 earliest sent, rather than
+	// (docs/kubemq.md 9.1): every 500 ms, those due among the 1024 earliest sent, rather than
 	// each exactly when due. For running tests against the real server's timing.
-	ScanDelays   bool
-	Logger       *zap.Logger   // nil = nop
-	Host         string        // PingResult.Host; default os hostname with dots as underscores
-	MaxRetention time.Duration // default 24h, like the real server
+	ScanDelays bool
+	Logger     *zap.Logger // nil = nop
+	Host       string      // PingResult.Host; default os hostname with dots as underscores
+
+	// Store limits, with the real server's meaning (its store.* settings; environment
+	// variables STORE_MAX_...). Zero means the real server's default.
+
+	// MaxRetention is how long a message or event is kept (STORE_MAX_RETENTION, in minutes
+	// there). Default 24h; negative = forever (the real server's 0).
+	MaxRetention time.Duration
+	// MaxPurgeInactive deletes a queue or events-store channel, with its messages and durable
+	// cursors, once it has had no new message and no connected consumer for this long
+	// (STORE_MAX_PURGE_INACTIVE, minutes there). Default 24h; negative = never (the real 0).
+	MaxPurgeInactive time.Duration
+	// MaxChannels caps the channels of the store: queues plus events-store channels, plus the
+	// one internal channel the real server keeps for delayed messages (STORE_MAX_QUEUES). A
+	// send, receive or subscription that would create one more gets "too many channels".
+	// 0 = unlimited.
+	MaxChannels int
+	// MaxSubscribers caps the durable subscriptions of one events-store channel, offline ones
+	// included (STORE_MAX_SUBSCRIBERS): one more gets gRPC Internal "too many subscriptions per
+	// channel". 0 = unlimited.
+	MaxSubscribers int
+	// MaxChannelMessages and MaxChannelBytes cap one queue's or events-store channel's stored
+	// messages (STORE_MAX_MESSAGES, STORE_MAX_QUEUE_SIZE). As on the real server a send is
+	// never refused for them: the oldest messages are dropped to make room. 0 = unlimited.
+	MaxChannelMessages int
+	MaxChannelBytes    int64
+
+	// Queue limits, with the real server's meaning (its queue.* settings; environment
+	// variables QUEUE_...). Zero means the real server's default; beyond a limit a request gets
+	// the real server's error number.
+
+	// MaxReceiveMessages bounds MaxNumberOfMessages of a receive (QUEUE_MAX_NUMBER_OF_MESSAGES,
+	// default 1024, Error 122).
+	MaxReceiveMessages int
+	// MaxWaitSeconds bounds a receive's WaitTimeSeconds (QUEUE_MAX_WAIT_TIMEOUT_SECONDS,
+	// default 3600, Error 136).
+	MaxWaitSeconds int
+	// DefaultWaitSeconds replaces a WaitTimeSeconds of 0 (QUEUE_DEFAULT_WAIT_TIMEOUT_SECONDS,
+	// default 1).
+	DefaultWaitSeconds int
+	// MaxExpirationSeconds and MaxDelaySeconds bound a message's policy
+	// (QUEUE_MAX_EXPIRATION_SECONDS, QUEUE_MAX_DELAY_SECONDS, default 43200, Errors 133, 135).
+	MaxExpirationSeconds int
+	MaxDelaySeconds      int
+	// MaxReceiveCount bounds a message's MaxReceiveCount and replaces a 0 there
+	// (QUEUE_MAX_RECEIVE_COUNT, default 1024, Error 134).
+	MaxReceiveCount int
+	// MaxVisibilitySeconds bounds StreamQueueMessage visibility (QUEUE_MAX_VISIBILITY_SECONDS,
+	// default 43200, Error 127); DefaultVisibilitySeconds replaces a 0 there
+	// (QUEUE_DEFAULT_VISIBILITY_SECONDS, default 60).
+	MaxVisibilitySeconds     int
+	DefaultVisibilitySeconds int
+	// BodyLimit is the largest gRPC message either way (GRPC_BODY_LIMIT, default 100 MiB, at
+	// most 100 MiB here): a bigger request fails with gRPC ResourceExhausted before any handler.
+	BodyLimit int
+
+	// MaxMemory bounds the bytes of the messages the server holds in memory (queue messages,
+	// delayed messages, events; bodies, metadata, tags and ids). A send that would go beyond it
+	// is refused with an error that starts with "Error 130: memory limit reached" (a queue
+	// result's IsError, or an events-store Result's Sent=false), so a client sees a clear,
+	// retryable refusal instead of the process being killed. 0 = unlimited.
+	MaxMemory int64
 
 	// MaxMessageBytes bounds one message (body + metadata + tags). Default 100 MiB - 64 KiB, so
 	// that a message always fits in one gRPC frame with its envelope.
@@ -77,14 +138,62 @@ func (o *Options) setDefaults() error {
 	if o.MaxRetention == 0 {
 		o.MaxRetention = 24 * time.Hour
 	}
-	if o.MaxRetention < 0 {
-		return errors.New("embedded: MaxRetention must not be negative")
+	if o.MaxPurgeInactive == 0 {
+		o.MaxPurgeInactive = 24 * time.Hour
+	}
+	if o.BodyLimit == 0 {
+		o.BodyLimit = maxGRPCMessage
+	}
+	if o.BodyLimit < 1024 || o.BodyLimit > maxGRPCMessage {
+		return fmt.Errorf("embedded: BodyLimit %d out of range 1024..%d", o.BodyLimit, maxGRPCMessage)
 	}
 	if o.MaxMessageBytes == 0 {
-		o.MaxMessageBytes = maxGRPCMessage - 64<<10
+		o.MaxMessageBytes = o.BodyLimit - min(64<<10, o.BodyLimit/4)
 	}
-	if o.MaxMessageBytes < 0 || o.MaxMessageBytes > maxGRPCMessage {
-		return fmt.Errorf("embedded: MaxMessageBytes %d out of range 1..%d", o.MaxMessageBytes, maxGRPCMessage)
+	if o.MaxMessageBytes < 0 || o.MaxMessageBytes > o.BodyLimit {
+		return fmt.Errorf("embedded: MaxMessageBytes %d out of range 1..%d (BodyLimit)", o.MaxMessageBytes, o.BodyLimit)
+	}
+	for _, l := range []struct {
+		name     string
+		v        *int
+		def, max int
+	}{
+		{"MaxReceiveMessages", &o.MaxReceiveMessages, maxReceiveMessages, 1 << 20},
+		{"MaxWaitSeconds", &o.MaxWaitSeconds, maxWaitSeconds, 1 << 30},
+		{"DefaultWaitSeconds", &o.DefaultWaitSeconds, 1, 1 << 30},
+		{"MaxExpirationSeconds", &o.MaxExpirationSeconds, maxExpirationSeconds, 1 << 30},
+		{"MaxDelaySeconds", &o.MaxDelaySeconds, maxDelaySeconds, 1 << 30},
+		{"MaxReceiveCount", &o.MaxReceiveCount, defaultMaxReceiveCount, 1 << 30},
+		{"MaxVisibilitySeconds", &o.MaxVisibilitySeconds, maxVisibilitySeconds, 1 << 30},
+		{"DefaultVisibilitySeconds", &o.DefaultVisibilitySeconds, defaultVisibility, 1 << 30},
+	} {
+		if *l.v == 0 {
+			*l.v = l.def
+		}
+		if *l.v < 0 || *l.v > l.max {
+			return fmt.Errorf("embedded: %s %d out of range 1..%d", l.name, *l.v, l.max)
+		}
+	}
+	if o.DefaultWaitSeconds > o.MaxWaitSeconds {
+		return fmt.Errorf("embedded: DefaultWaitSeconds %d exceeds MaxWaitSeconds %d", o.DefaultWaitSeconds, o.MaxWaitSeconds)
+	}
+	if o.DefaultVisibilitySeconds > o.MaxVisibilitySeconds {
+		return fmt.Errorf("embedded: DefaultVisibilitySeconds %d exceeds MaxVisibilitySeconds %d", o.DefaultVisibilitySeconds, o.MaxVisibilitySeconds)
+	}
+	for _, l := range []struct {
+		name string
+		v    int64
+	}{
+		{"MaxChannels", int64(o.MaxChannels)}, {"MaxSubscribers", int64(o.MaxSubscribers)},
+		{"MaxChannelMessages", int64(o.MaxChannelMessages)}, {"MaxChannelBytes", o.MaxChannelBytes},
+		{"MaxMemory", o.MaxMemory},
+	} {
+		if l.v < 0 {
+			return fmt.Errorf("embedded: %s %d must not be negative (0 = unlimited)", l.name, l.v)
+		}
+	}
+	if o.MaxChannels == 1 {
+		return errors.New("embedded: MaxChannels 1 leaves no channel for clients (the real server counts its internal delay channel); use 0 for unlimited or at least 2")
 	}
 	if o.FsyncInterval == 0 {
 		o.FsyncInterval = time.Second
@@ -140,6 +249,9 @@ type Server struct {
 	delays *delayer
 	strict strictCounters
 
+	mem       atomic.Int64 // bytes of messages held (MaxMemory)
+	lastPurge time.Time    // owned by housekeeping
+
 	nextStreamID uint64 // guarded by mu
 
 	stopOnce  sync.Once
@@ -178,7 +290,7 @@ func New(opts Options) (*Server, error) {
 		s.store = st
 	}
 	sopts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		grpc.MaxRecvMsgSize(opts.BodyLimit),
 		grpc.MaxSendMsgSize(maxGRPCMessage),
 		grpc.ChainUnaryInterceptor(s.unaryInt),
 		grpc.ChainStreamInterceptor(s.streamInt),
@@ -257,7 +369,7 @@ func (s *Server) goTracked(f func()) {
 
 func (s *Server) now() time.Time { return s.opts.Now() }
 
-// errShutdown is how streams end when the server stops (kubemq-api.md 5.5 shape 5).
+// errShutdown is how streams end when the server stops (docs/kubemq.md 5.5 shape 5).
 func errShutdown() error {
 	return status.Error(codes.Unavailable, "error reading from server: EOF")
 }
@@ -283,6 +395,10 @@ func (s *Server) housekeeping() {
 			return
 		case <-t.C:
 			s.applyRetention()
+			if now := s.now(); now.Sub(s.lastPurge) >= purgeEvery {
+				s.lastPurge = now
+				s.purgeInactive()
+			}
 			if s.store != nil {
 				s.store.maintain()
 			}

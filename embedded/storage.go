@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -59,6 +60,9 @@ type logStore struct {
 	kick     chan struct{}
 	stop     chan struct{}
 	finished chan struct{}
+
+	rmu    sync.Mutex          // guards rfiles
+	rfiles map[uint32]*os.File // read-only descriptors of segments records are read back from
 }
 
 type chunk struct {
@@ -89,9 +93,15 @@ func openLogStore(dir string, s *Server) (*logStore, error) {
 		return nil, err
 	}
 	rc := newRecovery(s, st)
-	for _, id := range ids {
+	for i, id := range ids {
 		if err := rc.replaySegment(id); err != nil {
 			return nil, err
+		}
+		if i < len(ids)-1 {
+			// Each segment is read whole and leaves its records' decoding behind: collect it
+			// before the next, so that the peak stays near the index being built rather than
+			// the garbage collector's doubling of it (1,000,000 messages: 550 MiB without).
+			runtime.GC()
 		}
 	}
 	rc.finish()
@@ -132,13 +142,15 @@ func (st *logStore) addSeg(id uint32) *segInfo {
 // append adds one record; live records count against the segment. It returns the log position
 // to wait for and the segment.
 func (st *logStore) append(typ byte, payload []byte, live bool) (uint64, uint32) {
-	return st.appendFrame(int64(frameHeader+len(payload)), live, func(dst []byte) []byte {
+	lsn, seg, _, _ := st.appendFrame(int64(frameHeader+len(payload)), live, func(dst []byte) []byte {
 		return frame(dst, typ, payload)
 	})
+	return lsn, seg
 }
 
 // appendMessage is append with m's encoding as the payload, marshalled straight into the batch.
-func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (uint64, uint32) {
+// It also returns where the record starts in the segment and its framed length.
+func (st *logStore) appendMessage(typ byte, m proto.Message, live bool) (lsn uint64, seg uint32, off int64, n int) {
 	size := fastpb.SizeHint(m)
 	if size == 0 {
 		size = proto.Size(m)
@@ -156,8 +168,9 @@ const (
 	maxSpareChunks = 16
 )
 
-// appendFrame adds one record of at most n bytes written by put.
-func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32) {
+// appendFrame adds one record of at most n bytes written by put. It returns the log position to
+// wait for, the segment, the record's offset in it and its length.
+func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte) (uint64, uint32, int64, int) {
 	st.mu.Lock()
 	if st.curSize > 0 && st.curSize+n > st.s.opts.SegmentBytes {
 		st.cur++
@@ -187,6 +200,7 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	before := len(c.data)
 	c.data = put(c.data)
 	written := int64(len(c.data) - before)
+	off := st.curSize
 	st.curSize += written
 	st.lsn += uint64(written)
 	lsn := st.lsn
@@ -195,7 +209,66 @@ func (st *logStore) appendFrame(n int64, live bool, put func(dst []byte) []byte)
 	case st.kick <- struct{}{}:
 	default:
 	}
-	return lsn, seg
+	return lsn, seg, off, int(written)
+}
+
+// readRecord reads back the record of n bytes at off in segment seg, once the log holds position
+// lsn (0: already on disk), and returns its payload. Reads go through one read-only descriptor
+// per segment, opened at the first read and closed when the segment is deleted.
+func (st *logStore) readRecord(seg uint32, off int64, n int, lsn uint64, typ byte) ([]byte, error) {
+	buf, err := st.readAt(seg, off, n, lsn)
+	if err != nil {
+		return nil, err
+	}
+	t, payload, m, err := unframe(buf)
+	if err != nil || m != n || t != typ {
+		return nil, fmt.Errorf("embedded: record of segment %d at %d is damaged", seg, off)
+	}
+	return payload, nil
+}
+
+// readAt reads n bytes at off in segment seg once the log holds position lsn (0: already on
+// disk).
+func (st *logStore) readAt(seg uint32, off int64, n int, lsn uint64) ([]byte, error) {
+	if lsn != 0 {
+		st.cmu.Lock()
+		done := st.committed >= lsn
+		st.cmu.Unlock()
+		if !done {
+			if err := st.wait(lsn); err != nil {
+				return nil, err
+			}
+		}
+	}
+	st.rmu.Lock()
+	f := st.rfiles[seg]
+	if f == nil {
+		var err error
+		if f, err = os.Open(segPath(st.dir, seg)); err != nil {
+			st.rmu.Unlock()
+			return nil, fmt.Errorf("embedded: read back a record: %w", err)
+		}
+		if st.rfiles == nil {
+			st.rfiles = map[uint32]*os.File{}
+		}
+		st.rfiles[seg] = f
+	}
+	st.rmu.Unlock()
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return nil, fmt.Errorf("embedded: read back records of segment %d at %d: %w", seg, off, err)
+	}
+	return buf, nil
+}
+
+// closeReader closes the read descriptor of a deleted segment.
+func (st *logStore) closeReader(seg uint32) {
+	st.rmu.Lock()
+	if f := st.rfiles[seg]; f != nil {
+		f.Close()
+		delete(st.rfiles, seg)
+	}
+	st.rmu.Unlock()
 }
 
 func (st *logStore) release(seg uint32) {
@@ -331,6 +404,12 @@ func syncDir(dir string) {
 func (st *logStore) close() error {
 	close(st.stop)
 	<-st.finished
+	st.rmu.Lock()
+	for id, f := range st.rfiles {
+		f.Close()
+		delete(st.rfiles, id)
+	}
+	st.rmu.Unlock()
 	st.cmu.Lock()
 	st.closed = true
 	err := st.failed
@@ -367,6 +446,7 @@ func (st *logStore) maintain() {
 		st.segIDs = st.segIDs[1:]
 		delete(st.segs, id)
 		st.mu.Unlock()
+		st.closeReader(id)
 		if err := os.Remove(segPath(st.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			st.log.Warn("cannot delete log segment", zap.Uint32("segment", id), zap.Error(err))
 		}
@@ -393,6 +473,10 @@ func (s *Server) snapshot() uint64 {
 	s.mu.RUnlock()
 	for _, q := range qs {
 		q.mu.Lock()
+		if q.purged {
+			q.mu.Unlock()
+			continue
+		}
 		b := putStr(nil, q.name)
 		b = binary.AppendUvarint(b, q.lastSeq)
 		b = binary.AppendUvarint(b, uint64(q.sent))
@@ -402,6 +486,10 @@ func (s *Server) snapshot() uint64 {
 	}
 	for _, c := range cs {
 		c.mu.Lock()
+		if c.purged {
+			c.mu.Unlock()
+			continue
+		}
 		b := binary.AppendUvarint(putStr(nil, c.name), c.last)
 		lsn, _ = st.append(recChannelMeta, b, false)
 		c.mu.Unlock()
@@ -421,9 +509,9 @@ func cursorPayload(key, channel string, cur uint64) []byte {
 
 // Server-side hooks: no-ops in memory.
 
-func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (uint64, uint32) {
+func (s *Server) logQueueMsg(m *kubemqpb.QueueMessage) (lsn uint64, seg uint32, off int64, n int) {
 	if s.store == nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	return s.store.appendMessage(recQueueMsg, m, true)
 }
@@ -464,7 +552,8 @@ func (s *Server) logEvent(e *kubemqpb.EventReceive) (uint64, uint32) {
 	if s.store == nil {
 		return 0, 0
 	}
-	return s.store.appendMessage(recEvent, e, true)
+	lsn, seg, _, _ := s.store.appendMessage(recEvent, e, true)
+	return lsn, seg
 }
 
 func (s *Server) logCursor(key, channel string, cur uint64) {
@@ -472,6 +561,23 @@ func (s *Server) logCursor(key, channel string, cur uint64) {
 		return
 	}
 	s.store.append(recCursor, cursorPayload(key, channel, cur), false)
+}
+
+// retentionCutoff is the Unix ns before which messages are dropped; 0 when they are kept forever.
+func (s *Server) retentionCutoff() int64 {
+	if s.opts.MaxRetention < 0 {
+		return 0
+	}
+	return s.now().Add(-s.opts.MaxRetention).UnixNano()
+}
+
+// logPurge records that a queue or channel was deleted for inactivity (not awaited: a crash
+// before it is written only delays the purge).
+func (s *Server) logPurge(kind byte, name string) {
+	if s.store == nil {
+		return
+	}
+	s.store.append(recPurge, putStr(binary.AppendUvarint(nil, uint64(kind)), name), false)
 }
 
 func (s *Server) releaseSeg(seg uint32) {
@@ -491,7 +597,10 @@ func (s *Server) waitLog(lsn uint64) error {
 // are in time order, so only their heads are examined. The log needs no record for it: replay
 // applies the same age rule.
 func (s *Server) applyRetention() {
-	cutoff := s.now().Add(-s.opts.MaxRetention).UnixNano()
+	cutoff := s.retentionCutoff()
+	if cutoff == 0 {
+		return
+	}
 	s.mu.RLock()
 	qs := make([]*queue, 0, len(s.queues))
 	for _, q := range s.queues {
@@ -507,6 +616,8 @@ func (s *Server) applyRetention() {
 		n := 0
 		for n < len(c.events) && c.events[n].e.Timestamp < cutoff {
 			s.releaseSeg(c.events[n].seg)
+			c.bytes -= c.events[n].size
+			s.mem.Add(-c.events[n].size)
 			n++
 		}
 		if n > 0 {
@@ -518,7 +629,7 @@ func (s *Server) applyRetention() {
 	}
 	for _, q := range qs {
 		q.mu.Lock()
-		for q.head < len(q.ready) && q.ready[q.head].m.Attributes.Timestamp < cutoff {
+		for q.head < len(q.ready) && q.ready[q.head].ts < cutoff {
 			q.forgetLocked(q.popLocked())
 		}
 		q.mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// StrictStats counts uses of patterns measured as hazardous on the real server (kubemq-api.md
+// StrictStats counts uses of patterns measured as hazardous on the real server (docs/kubemq.md
 // sections 8 and 9). They are counted in both modes; Strict mode also refuses them.
 type StrictStats struct {
 	SecondTransaction    int64 // a Get on a queue that already has an open transaction or waiting Get

@@ -98,7 +98,7 @@ func (b kubemqBackend) readLog(ctx context.Context, channel string, from time.Ti
 			return err
 		}
 		// A gap: the server dropped events it could not push in time (a
-		// slow reader, kubemq-api.md 5.3). Read again from the first one
+		// slow reader, docs/kubemq.md 5.3). Read again from the first one
 		// missing.
 		start = kubemqclient.StartPosition{Mode: kubemqclient.StartAtSequence, Sequence: next}
 	}

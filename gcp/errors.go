@@ -25,6 +25,10 @@ func toStatus(err error) error {
 		return err
 	}
 	switch {
+	case errors.Is(err, kubemqclient.ErrResourceExhausted):
+		// The backend's store is full (the embedded server's max_memory, or a KubeMQ store
+		// limit): the client libraries back off and retry.
+		return status.Error(codes.ResourceExhausted, "KubeMQ store full, retry later: "+err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, "request canceled")
 	case errors.Is(err, context.DeadlineExceeded):

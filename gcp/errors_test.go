@@ -31,6 +31,7 @@ func TestToStatus(t *testing.T) {
 		{"backend invalid", &kubemqclient.Error{Op: "SendQueueMessages", GRPC: codes.InvalidArgument, Msg: "Error 120: invalid queue name"}, codes.Internal},
 		{"backend status wrapped", fmt.Errorf("x: %w", status.Error(codes.InvalidArgument, "kubemq text")), codes.InvalidArgument},
 		{"plain", errors.New("boom"), codes.Internal},
+		{"store full", fmt.Errorf("fan-out: %w", kubemqclient.ErrResourceExhausted), codes.ResourceExhausted},
 	}
 	for _, tc := range cases {
 		if got := status.Code(toStatus(tc.err)); got != tc.want {

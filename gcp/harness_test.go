@@ -64,6 +64,9 @@ type envConfig struct {
 	// scanDelays gives the test's own embedded server the real server's
 	// delay processor (embedded.Options.ScanDelays).
 	scanDelays bool
+	// embedded, when set, are the options of the test's own embedded server
+	// (for embedded-only limits; the test skips itself on an external one).
+	embedded *embedded.Options
 }
 
 type envOption func(*envConfig)
@@ -85,6 +88,12 @@ func withKubeMQ(addr string) envOption { return func(c *envConfig) { c.kubemq = 
 // embedded server (an external one is used as it is).
 func withScanDelays() envOption { return func(c *envConfig) { c.scanDelays = true } }
 
+// withEmbedded runs the test's own embedded server with opts, reached
+// through the in-process channel the binary uses.
+func withEmbedded(opts embedded.Options) envOption {
+	return func(c *envConfig) { c.embedded = &opts }
+}
+
 // withRelay puts a cuttable TCP relay in front of KubeMQ.
 func withRelay() envOption { return func(c *envConfig) { c.relay = true } }
 
@@ -97,7 +106,11 @@ func startEnv(t testing.TB, opts ...envOption) *env {
 	var kaddr string
 	var inproc grpc.ClientConnInterface // nil: TCP
 	log := zaptest.NewLogger(t)
-	if cfg.kubemq != "" {
+	if cfg.embedded != nil {
+		_, srv := kubemqtest.StartEmbedded(t, *cfg.embedded)
+		kubemqtest.CheckStrict(t, srv)
+		kaddr, inproc = "embedded", srv.Channel(embedded.SharePayloads())
+	} else if cfg.kubemq != "" {
 		kaddr = cfg.kubemq
 		if _, bench := t.(*testing.B); bench {
 			log = zap.NewNop()

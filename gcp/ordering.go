@@ -27,7 +27,7 @@ import (
 //     records' delay: records of one delay come back in the order they
 //     were stored, so the sentinel's return means the earlier ones have
 //     returned, however backed up the server's delay machinery is
-//     (kubemq-api.md 9.1). The hold lasts at least RecordDelay+
+//     (docs/kubemq.md 9.1). The hold lasts at least RecordDelay+
 //     recoverySlack (records written with a longer delay by another
 //     configuration), and sentinelGrace beyond the sentinel's return (the
 //     real server releases due messages in batches, in no order within

@@ -119,7 +119,7 @@ func TestOrderingSurvivesCrash(t *testing.T) {
 }
 
 // TestOrderingSurvivesCrashBehindLongDelays: as above, but on a server
-// whose delay processor is backed up (kubemq-api.md 9.1, modelled by the
+// whose delay processor is backed up (docs/kubemq.md 9.1, modelled by the
 // embedded server's scan mode): the dead replica's last lease record was
 // stored behind more than 1,024 messages delayed 10 s, so it comes back
 // about 10 s after the crash, later than the recovery hold's minimum

@@ -9,7 +9,7 @@ import (
 
 // MaxChannelLen is the longest channel name the proxy sends. KubeMQ stores
 // each channel as a directory named prefix+name (255 bytes at most), which
-// leaves 240 bytes for events-store names (kubemq-api.md 5.1).
+// leaves 240 bytes for events-store names (docs/kubemq.md 5.1).
 const MaxChannelLen = 240
 
 // hashedLen is the length of a hashed part token: "_H" + 40 hex digits.
@@ -197,7 +197,7 @@ func unhex(c byte) (byte, bool) {
 // ValidChannel is the safety rule for every channel name the client sends:
 // dot-separated, non-empty tokens of [A-Za-z0-9_-], at most MaxChannelLen
 // bytes. Names that break it can lose data silently or break the server
-// (kubemq-api.md 5.1), so the client refuses them before sending anything.
+// (docs/kubemq.md 5.1), so the client refuses them before sending anything.
 func ValidChannel(name string) error {
 	if name == "" {
 		return invalidArg("channel", "empty channel name", ErrInvalidChannel)

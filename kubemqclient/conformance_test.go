@@ -1,7 +1,7 @@
 package kubemqclient_test
 
 // The conformance suite pins every KubeMQ behaviour kubemq-proxy relies on
-// (kubemq-api.md sections 5, 8 and 9). It runs against kubemqtest.Address:
+// (docs/kubemq.md sections 5, 8 and 9). It runs against kubemqtest.Address:
 // the embedded server in strict mode, or the real server named by
 // $KUBEMQ_ADDRESS. Asserts that only the real server satisfies are skipped
 // on the embedded one and vice versa, each with the reason.
@@ -539,7 +539,7 @@ func TestReQueue(t *testing.T) {
 		t.Fatalf("requeued: %v", got)
 	}
 	for _, m := range tx2.Messages {
-		// The real server leaves ReRouted unset on a ReQueue (kubemq-api.md 5.9); the
+		// The real server leaves ReRouted unset on a ReQueue (docs/kubemq.md 5.9); the
 		// receive count starts again.
 		if m.Attributes.ReRouted || m.Attributes.ReRoutedFromQueue != "" || m.Attributes.ReceiveCount != 1 {
 			t.Fatalf("requeued attributes: %+v", m.Attributes)
@@ -707,7 +707,7 @@ func TestExpiration(t *testing.T) {
 }
 
 // A Get whose one slot goes to an expired message answers empty at once; on the real server its
-// transaction stays open and swallows what the queue holds next until it is settled (kubemq-api.md
+// transaction stays open and swallows what the queue holds next until it is settled (docs/kubemq.md
 // 5.9). Get closes such a transaction itself, so the queue stays readable: by the same stream
 // and by another one.
 func TestGetAfterExpiredHead(t *testing.T) {
@@ -738,7 +738,7 @@ func TestGetAfterExpiredHead(t *testing.T) {
 }
 
 // The real server lists a queue under its name with leading and trailing '_', 'Q', 'U', 'E', 'S'
-// and '.' trimmed, and finds it only under that name (kubemq-api.md 5.9). Lookup finds such a
+// and '.' trimmed, and finds it only under that name (docs/kubemq.md 5.9). Lookup finds such a
 // queue anyway, and reports a listing two queues share as Ambiguous.
 func TestQueuesInfoAlteredNames(t *testing.T) {
 	c := dial(t)
@@ -922,7 +922,7 @@ func TestErrorShapes(t *testing.T) {
 	})
 }
 
-// TestProxyLeasePattern runs the proxy's delivery pattern (kubemq-api.md
+// TestProxyLeasePattern runs the proxy's delivery pattern (docs/kubemq.md
 // 9.4, pattern S): one stream per queue; Get sized from QueuesInfo waiting
 // (1 when idle); for every delivered message a delayed "lease record" copy
 // with its own MessageID, stored before AckAll; then Sync; repeated. No

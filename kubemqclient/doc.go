@@ -11,7 +11,7 @@
 // Every channel name comes from Channel(prefix, parts...), and every call
 // refuses a name that fails ValidChannel before sending anything: on the
 // real server a bad name can lose events silently or break events-store
-// publishing server-wide (kubemq-api.md 5.1).
+// publishing server-wide (docs/kubemq.md 5.1).
 //
 // # Errors
 //
@@ -28,7 +28,7 @@
 //
 // # Queue delivery
 //
-// The pattern measured safe on the real server (kubemq-api.md 9.4) is: one
+// The pattern measured safe on the real server (docs/kubemq.md 9.4) is: one
 // Downstream per queue; Get sized from QueuesInfo's waiting count (MaxItems 1
 // when idle, at most 500); store what must survive a crash (delayed lease
 // records, each with its own MessageID from NewID) with SendQueueMessages;

@@ -16,7 +16,7 @@ import (
 
 // Downstream is one QueuesDownstream stream: Get opens a transaction, and
 // the settlement methods settle it. A transaction belongs to the stream
-// that opened it (kubemq-api.md 8.1), so settle on the same Downstream and
+// that opened it (docs/kubemq.md 8.1), so settle on the same Downstream and
 // keep it open while its transactions are.
 //
 // The server answers Get and ActiveOffsets, but answers settlements only when
@@ -88,7 +88,7 @@ type Transaction struct {
 
 // OpenDownstream opens a downstream stream. ctx bounds only the opening: the
 // stream lives until Close or Client.Close, because cancelling it with a Get
-// outstanding can strand messages on the server (kubemq-api.md 8.7).
+// outstanding can strand messages on the server (docs/kubemq.md 8.7).
 func (c *Client) OpenDownstream(ctx context.Context) (*Downstream, error) {
 	const op = "OpenDownstream"
 	if c.isClosed() {
@@ -139,7 +139,7 @@ func (d *Downstream) Err() error {
 
 // Gets counts the Gets sent on this stream. The real server keeps every
 // transaction of a stream, completed or not, until the stream ends
-// (kubemq-api.md 8.1), so a long-lived poller should replace its stream now
+// (docs/kubemq.md 8.1), so a long-lived poller should replace its stream now
 // and then, when it holds nothing.
 func (d *Downstream) Gets() int64 {
 	d.mu.Lock()
@@ -294,7 +294,7 @@ func (d *Downstream) Get(ctx context.Context, g GetRequest) (*Transaction, error
 	if len(rep.resp.GetMessages()) == 0 && tx.ID != "" {
 		// A Get whose slots went to expired messages answers empty at once and keeps its
 		// transaction open on the real server, where it swallows the next messages of the
-		// queue until it is settled (kubemq-api.md 5.9). Close every empty one: after a Get
+		// queue until it is settled (docs/kubemq.md 5.9). Close every empty one: after a Get
 		// that merely waited, the transaction is already closed and the server ignores this.
 		if err := d.send("Get", &pb.QueuesDownstreamRequest{
 			RequestTypeData: pb.QueuesDownstreamRequestType_CloseByClient, RefTransactionId: tx.ID,
@@ -322,7 +322,7 @@ func Sequences(msgs []QueueMessage) []uint64 {
 
 // DedupeSequences removes messages whose Attributes.Sequence repeats an
 // earlier one (the real server can repeat a sequence within one Get,
-// kubemq-api.md 8.8), keeping the first. It reuses msgs' backing array.
+// docs/kubemq.md 8.8), keeping the first. It reuses msgs' backing array.
 func DedupeSequences(msgs []QueueMessage) []QueueMessage {
 	if len(msgs) < 2 {
 		return msgs
@@ -588,7 +588,7 @@ func (d *Downstream) fail(err error) {
 	d.cancel()
 }
 
-// Close ends the stream cleanly (kubemq-api.md 8.7): it refuses new calls,
+// Close ends the stream cleanly (docs/kubemq.md 8.7): it refuses new calls,
 // waits for outstanding requests (a waiting Get included) to be answered,
 // closes open transactions with CloseByClient, waits until those are
 // processed, then cancels the stream. The wait is bounded by the client's
@@ -638,7 +638,7 @@ func (d *Downstream) closeCleanly(ctx context.Context) error {
 	}
 	// Every request is answered and nothing is held: cancelling the stream now strands
 	// nothing. A half-close would not do: the real server keeps a downstream stream open
-	// after the client's half-close and never ends it (kubemq-api.md 5.9), so Close
+	// after the client's half-close and never ends it (docs/kubemq.md 5.9), so Close
 	// ends it itself (the caller cancels).
 	return d.barrier(ctx)
 }

@@ -83,8 +83,13 @@ var (
 	ErrTimeout           = errors.New("timeout")                        // DeadlineExceeded; also matches context.DeadlineExceeded
 	ErrCanceled          = errors.New("canceled")                       // also matches context.Canceled
 	// ErrStrictMode is the embedded server's strict-mode refusal of a usage
-	// pattern the real server mishandles (kubemq-api.md 8, 9): a client bug.
+	// pattern the real server mishandles (docs/kubemq.md 8, 9): a client bug.
 	ErrStrictMode = errors.New("refused by strict mode")
+	// ErrResourceExhausted is a store limit refusing a write: the embedded server's memory
+	// bound ("memory limit reached"), the store's channel or subscriber caps ("too many
+	// channels", "too many subscriptions per channel"), or gRPC ResourceExhausted (a message
+	// over the server's body limit). Retrying unchanged helps only once something is freed.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
 var sentinelParent = map[error]error{
@@ -142,7 +147,7 @@ func wrapErr(op string, err error) error {
 func inBand(op, msg string) *Error { return classify(op, codes.OK, msg) }
 
 // classify is the one mapping from (gRPC code, text) to *Error; both error
-// shapes (kubemq-api.md 5.5) go through it.
+// shapes (docs/kubemq.md 5.5) go through it.
 func classify(op string, gc codes.Code, msg string) *Error {
 	e := &Error{Op: op, GRPC: gc, Msg: msg, Code: errorNumber(msg)}
 	lower := strings.ToLower(msg)
@@ -167,6 +172,9 @@ func classify(op string, gc codes.Code, msg string) *Error {
 		e.kind = ErrInvalidArgument
 	case strings.HasPrefix(msg, "strict mode:"):
 		e.kind = ErrStrictMode
+	case gc == codes.ResourceExhausted, strings.HasPrefix(lower, "memory limit reached"),
+		lower == "too many channels", lower == "too many subscriptions per channel":
+		e.kind = ErrResourceExhausted
 	case strings.Contains(lower, "transaction id not found"):
 		e.kind = ErrTxNotFound
 	case strings.Contains(lower, "closed response"):

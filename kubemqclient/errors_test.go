@@ -50,6 +50,10 @@ func TestClassify(t *testing.T) {
 		{codes.OK, "strict mode: settlement on a foreign stream", 0, ErrStrictMode, false},
 		{codes.OK, "Error : nothing", 0, nil, false},
 		{codes.OK, "Error 12", 0, nil, false},
+		{codes.OK, "memory limit reached: the embedded server holds 10 bytes of messages and its limit (max_memory) is 9 bytes", 0, ErrResourceExhausted, false},
+		{codes.OK, "too many channels", 0, ErrResourceExhausted, false},
+		{codes.Internal, "too many subscriptions per channel", 0, ErrResourceExhausted, false},
+		{codes.ResourceExhausted, "grpc: received message larger than max (30012 vs. 20000)", 0, ErrResourceExhausted, false},
 	}
 	for _, tt := range tests {
 		e := classify("op", tt.gc, tt.msg)

@@ -340,7 +340,7 @@ func TestDownstreamCloseIsClean(t *testing.T) {
 			if n == 2 {
 				<-release // a Get still waiting when Close starts
 			}
-			// The server repeats a sequence (kubemq-api.md 8.8).
+			// The server repeats a sequence (docs/kubemq.md 8.8).
 			return &pb.QueuesDownstreamResponse{TransactionId: "T" + string(rune('0'+n)), Messages: msgs(uint64(2*n-1), uint64(2*n), uint64(2*n))}
 		case pb.QueuesDownstreamRequestType_ActiveOffsets:
 			return &pb.QueuesDownstreamResponse{TransactionId: r.RefTransactionId, IsError: true, Error: "cannot get active offsets with closed response "}

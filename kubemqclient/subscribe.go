@@ -17,7 +17,7 @@ import (
 // StartMode selects where an events-store subscription starts.
 type StartMode int
 
-// Start modes (kubemq-api.md 5.3). The zero StartPosition is StartNewOnly.
+// Start modes (docs/kubemq.md 5.3). The zero StartPosition is StartNewOnly.
 const (
 	StartNewOnly     StartMode = iota + 1 // only events published from now on
 	StartFromFirst                        // everything still retained

@@ -19,7 +19,7 @@ type Event struct {
 
 // PublishResult is the outcome of one published event. A nil Err means the
 // server accepted the event; for the events store that is not a store
-// acknowledgement (kubemq-api.md 3.2).
+// acknowledgement (docs/kubemq.md 3.2).
 type PublishResult struct {
 	EventID string
 	Err     error
@@ -116,7 +116,7 @@ const (
 // ListedQueueName is the name the real KubeMQ (v2.4.0) lists a queue under in QueuesInfo, and
 // matches a QueuesInfo filter against: leading and trailing '_', 'Q', 'U', 'E', 'S' and '.'
 // trimmed (it takes the name out of its internal subject "_QUEUES_.<name>" by trimming those
-// characters; kubemq-api.md 5.9). So "ORDERS" is listed as "ORDER", "orderS" and "order" share
+// characters; docs/kubemq.md 5.9). So "ORDERS" is listed as "ORDER", "orderS" and "order" share
 // one entry name, and a filter with the queue's own name does not find it.
 func ListedQueueName(name string) string { return strings.Trim(name, "_QUES.") }
 

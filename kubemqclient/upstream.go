@@ -244,7 +244,7 @@ func (u *Upstream) Close() error {
 		return nil
 	}
 	// Every call has its answer: end the stream. The real server never ends an upstream
-	// stream after the client's half-close (kubemq-api.md 5.9), so waiting for it would
+	// stream after the client's half-close (docs/kubemq.md 5.9), so waiting for it would
 	// only wait out CloseTimeout.
 	g.fail(closedErr("Upstream"))
 	<-g.done

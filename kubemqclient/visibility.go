@@ -182,7 +182,7 @@ func (v *VisibleMessage) exchange(ctx context.Context, op string, req *pb.Stream
 				<-v.done
 				if sendErr == nil && settles && isClosedErr(v.endErr) {
 					// The real server sometimes ends the stream without the
-					// reply; the settlement was applied (kubemq-api.md 8.9 e).
+					// reply; the settlement was applied (docs/kubemq.md 8.9 e).
 					v.settled = true
 					return nil
 				}

@@ -1,5 +1,5 @@
-// KubeMQ public gRPC API, written for kubemq-proxy from the wire reference
-// in shared/kubemq-api.md (sections 2-4). Package and service are both
+// KubeMQ public gRPC API, written for kubemq-proxy from KubeMQ's
+// public API (behaviour: docs/kubemq.md sections 2-4). Package and service are both
 // "kubemq", so method paths are /kubemq.kubemq/<Rpc>, as the real server
 // serves them. Field numbers and enum values are the wire contract; names
 // are ours. Topics* messages of older revisions are unused by any RPC and

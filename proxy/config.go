@@ -123,12 +123,51 @@ type EmbeddedConfig struct {
 	// Strict refuses usage patterns that are hazardous on a real KubeMQ.
 	Strict bool `mapstructure:"strict"`
 	// ScanDelays releases delayed messages as a real KubeMQ does: every
-	// 500 ms, those due among the 1024 earliest sent (kubemq-api.md 9.1).
+	// 500 ms, those due among the 1024 earliest sent (docs/kubemq.md 9.1).
 	ScanDelays bool `mapstructure:"scan_delays"`
 	// TLSCertFile and TLSKeyFile (PEM) make `kubemq-proxy embedded` serve
 	// gRPC over TLS, like a KubeMQ with TLS enabled.
 	TLSCertFile string `mapstructure:"tls_cert_file"`
 	TLSKeyFile  string `mapstructure:"tls_key_file"`
+	// Store and Queue are the real KubeMQ server's store and queue limits, with its names
+	// and meaning (config.yaml names each one's environment variable on the real server).
+	Store EmbeddedStoreConfig `mapstructure:"store"`
+	Queue EmbeddedQueueConfig `mapstructure:"queue"`
+	// GRPCBodyLimit is the largest gRPC message the server takes (GRPC_BODY_LIMIT).
+	GRPCBodyLimit int `mapstructure:"grpc_body_limit"`
+	// MaxMemory bounds the bytes of the messages the embedded server holds: "N%" of the
+	// container's memory limit (cgroup) or, without one, of the machine's memory; a size
+	// ("512MiB", "2GiB", "1000000"); or "0" for no bound. Beyond it sends are refused.
+	MaxMemory string `mapstructure:"max_memory"`
+}
+
+// EmbeddedStoreConfig is the real server's store.* section (environment STORE_...).
+type EmbeddedStoreConfig struct {
+	// MaxRetention: how long messages and events are kept; 0 = forever.
+	MaxRetention time.Duration `mapstructure:"max_retention"`
+	// MaxPurgeInactive: a channel or queue without new messages and connected consumers
+	// for this long is deleted with its messages; 0 = never.
+	MaxPurgeInactive time.Duration `mapstructure:"max_purge_inactive"`
+	// MaxQueues caps channels (queues and events-store channels, plus one internal); 0 = no cap.
+	MaxQueues int `mapstructure:"max_queues"`
+	// MaxSubscribers caps the durable subscriptions of one events-store channel; 0 = no cap.
+	MaxSubscribers int `mapstructure:"max_subscribers"`
+	// MaxMessages and MaxQueueSize (bytes) cap one channel; the oldest messages are
+	// dropped beyond them (never refused); 0 = no cap.
+	MaxMessages  int `mapstructure:"max_messages"`
+	MaxQueueSize int `mapstructure:"max_queue_size"`
+}
+
+// EmbeddedQueueConfig is the real server's queue.* section (environment QUEUE_...).
+type EmbeddedQueueConfig struct {
+	MaxNumberOfMessages       int `mapstructure:"max_number_of_messages"`
+	MaxWaitTimeoutSeconds     int `mapstructure:"max_wait_timeout_seconds"`
+	DefaultWaitTimeoutSeconds int `mapstructure:"default_wait_timeout_seconds"`
+	MaxExpirationSeconds      int `mapstructure:"max_expiration_seconds"`
+	MaxDelaySeconds           int `mapstructure:"max_delay_seconds"`
+	MaxReceiveCount           int `mapstructure:"max_receive_count"`
+	MaxVisibilitySeconds      int `mapstructure:"max_visibility_seconds"`
+	DefaultVisibilitySeconds  int `mapstructure:"default_visibility_seconds"`
 }
 
 // RegistryConfig is the durable topology log.
@@ -204,7 +243,12 @@ func Defaults() Config {
 		KubeMQ: KubeMQConfig{
 			ClientID: "kubemq-proxy",
 		},
-		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000"},
+		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000",
+			Store: EmbeddedStoreConfig{MaxRetention: 24 * time.Hour, MaxPurgeInactive: 24 * time.Hour},
+			Queue: EmbeddedQueueConfig{MaxNumberOfMessages: 1024, MaxWaitTimeoutSeconds: 3600, DefaultWaitTimeoutSeconds: 1,
+				MaxExpirationSeconds: 43200, MaxDelaySeconds: 43200, MaxReceiveCount: 1024, MaxVisibilitySeconds: 43200,
+				DefaultVisibilitySeconds: 60},
+			GRPCBodyLimit: 100 << 20, MaxMemory: "25%"},
 		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
 		Delivery: DeliveryConfig{RecordDelay: 10 * time.Second},
 		Cluster:  ClusterConfig{Channel: "kubemq-proxy.cluster", Lease: 8 * time.Second, Heartbeat: time.Second},
@@ -328,6 +372,11 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Cluster.validate(c.Registry.Channel); err != nil {
 		return err
+	}
+	if c.UseEmbedded() {
+		if err := c.Embedded.validate(); err != nil {
+			return err
+		}
 	}
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {

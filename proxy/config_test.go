@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,28 @@ func TestValidate(t *testing.T) {
 		{"log.level", func(c *proxy.Config) { c.Log.Level = "loud" }},
 		{"log.format", func(c *proxy.Config) { c.Log.Format = "xml" }},
 		{"shutdown.timeout", func(c *proxy.Config) { c.Shutdown.Timeout = 0 }},
+		{"embedded.store.max_retention", func(c *proxy.Config) { c.Embedded.Store.MaxRetention = -time.Minute }},
+		{"embedded.store.max_purge_inactive", func(c *proxy.Config) { c.Embedded.Store.MaxPurgeInactive = -time.Minute }},
+		{"embedded.store.max_queues", func(c *proxy.Config) { c.Embedded.Store.MaxQueues = -1 }},
+		{"embedded.store.max_queues", func(c *proxy.Config) { c.Embedded.Store.MaxQueues = 1 }},
+		{"embedded.store.max_subscribers", func(c *proxy.Config) { c.Embedded.Store.MaxSubscribers = -1 }},
+		{"embedded.store.max_messages", func(c *proxy.Config) { c.Embedded.Store.MaxMessages = -1 }},
+		{"embedded.store.max_queue_size", func(c *proxy.Config) { c.Embedded.Store.MaxQueueSize = -1 }},
+		{"embedded.queue.max_number_of_messages", func(c *proxy.Config) { c.Embedded.Queue.MaxNumberOfMessages = 0 }},
+		{"embedded.queue.max_number_of_messages", func(c *proxy.Config) { c.Embedded.Queue.MaxNumberOfMessages = 1<<20 + 1 }},
+		{"embedded.queue.max_wait_timeout_seconds", func(c *proxy.Config) { c.Embedded.Queue.MaxWaitTimeoutSeconds = 0 }},
+		{"embedded.queue.default_wait_timeout_seconds", func(c *proxy.Config) { c.Embedded.Queue.DefaultWaitTimeoutSeconds = 3601 }},
+		{"embedded.queue.max_expiration_seconds", func(c *proxy.Config) { c.Embedded.Queue.MaxExpirationSeconds = -1 }},
+		{"embedded.queue.max_delay_seconds", func(c *proxy.Config) { c.Embedded.Queue.MaxDelaySeconds = 0 }},
+		{"embedded.queue.max_receive_count", func(c *proxy.Config) { c.Embedded.Queue.MaxReceiveCount = 0 }},
+		{"embedded.queue.max_visibility_seconds", func(c *proxy.Config) { c.Embedded.Queue.MaxVisibilitySeconds = 0 }},
+		{"embedded.queue.default_visibility_seconds", func(c *proxy.Config) { c.Embedded.Queue.DefaultVisibilitySeconds = 43201 }},
+		{"embedded.grpc_body_limit", func(c *proxy.Config) { c.Embedded.GRPCBodyLimit = 1023 }},
+		{"embedded.grpc_body_limit", func(c *proxy.Config) { c.Embedded.GRPCBodyLimit = 100<<20 + 1 }},
+		{"embedded.max_memory", func(c *proxy.Config) { c.Embedded.MaxMemory = "" }},
+		{"embedded.max_memory", func(c *proxy.Config) { c.Embedded.MaxMemory = "lots" }},
+		{"embedded.max_memory", func(c *proxy.Config) { c.Embedded.MaxMemory = "101%" }},
+		{"embedded.max_memory", func(c *proxy.Config) { c.Embedded.MaxMemory = "12 parsecs" }},
 	}
 	for _, b := range bad {
 		cfg := proxy.Defaults()
@@ -107,6 +130,17 @@ func TestValidate(t *testing.T) {
 		"record delay high":       func(c *proxy.Config) { c.Delivery.RecordDelay = time.Hour },
 		"embedded tls":            func(c *proxy.Config) { c.Embedded.TLSCertFile, c.Embedded.TLSKeyFile = file, file },
 		"kubemq client cert pair": func(c *proxy.Config) { c.KubeMQ.TLS, c.KubeMQ.CertFile, c.KubeMQ.KeyFile = true, file, file },
+		"embedded limits off": func(c *proxy.Config) {
+			c.Embedded.Store = proxy.EmbeddedStoreConfig{}
+			c.Embedded.MaxMemory = "0"
+		},
+		"embedded limits set": func(c *proxy.Config) {
+			c.Embedded.Store = proxy.EmbeddedStoreConfig{MaxRetention: time.Minute, MaxPurgeInactive: time.Hour, MaxQueues: 2, MaxSubscribers: 1, MaxMessages: 1, MaxQueueSize: 1}
+			c.Embedded.GRPCBodyLimit, c.Embedded.MaxMemory = 1024, "512MiB"
+		},
+		"external backend ignores embedded limits": func(c *proxy.Config) {
+			c.KubeMQ.Address, c.Embedded.MaxMemory = "kubemq:50000", "nonsense"
+		},
 	}
 	for name, mut := range good {
 		cfg := proxy.Defaults()
@@ -114,5 +148,57 @@ func TestValidate(t *testing.T) {
 		if err := cfg.Validate(); err != nil {
 			t.Errorf("%s: refused: %v", name, err)
 		}
+	}
+}
+
+func TestParseMemory(t *testing.T) {
+	total := func() (uint64, error) { return 8 << 30, nil }
+	for in, want := range map[string]int64{
+		"0": 0, "25%": 2 << 30, "100%": 8 << 30, "12.5%": 1 << 30, "1000": 1000, "512MiB": 512 << 20, "2GiB": 2 << 30,
+		"2G": 2 << 30, "64K": 64 << 10, "1MB": 1e6, " 3 GB ": 3e9, "7B": 7,
+	} {
+		got, err := proxy.ParseMemory(in, total)
+		if err != nil || got != want {
+			t.Errorf("%q: %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "%", "0%", "-5%", "150%", "-1", "1.5GiB", "5 XB", "MiB", "99999999999999999999"} {
+		if got, err := proxy.ParseMemory(in, total); err == nil {
+			t.Errorf("%q accepted as %d", in, got)
+		}
+	}
+	unknown := func() (uint64, error) { return 0, errors.New("no idea") }
+	if _, err := proxy.ParseMemory("25%", unknown); err == nil || !strings.Contains(err.Error(), "give a size") {
+		t.Errorf("a percentage of an unknown size: %v", err)
+	}
+	if n, err := proxy.ParseMemory("1GiB", unknown); err != nil || n != 1<<30 {
+		t.Errorf("a size needs no total: %d %v", n, err)
+	}
+}
+
+// Every embedded.store/queue key reaches the embedded server's option of the same meaning; the
+// config's 0 (no limit, as on the real server) is the option's "forever".
+func TestEmbeddedOptions(t *testing.T) {
+	c := proxy.Defaults()
+	c.Embedded.Store = proxy.EmbeddedStoreConfig{MaxRetention: 0, MaxPurgeInactive: time.Hour, MaxQueues: 3, MaxSubscribers: 4, MaxMessages: 5, MaxQueueSize: 6}
+	c.Embedded.Queue = proxy.EmbeddedQueueConfig{MaxNumberOfMessages: 7, MaxWaitTimeoutSeconds: 8, DefaultWaitTimeoutSeconds: 2,
+		MaxExpirationSeconds: 9, MaxDelaySeconds: 10, MaxReceiveCount: 11, MaxVisibilitySeconds: 12, DefaultVisibilitySeconds: 3}
+	c.Embedded.GRPCBodyLimit, c.Embedded.MaxMemory = 2048, "1MiB"
+	o, err := c.EmbeddedOptions(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.MaxRetention >= 0 || o.MaxPurgeInactive != time.Hour || o.MaxChannels != 3 || o.MaxSubscribers != 4 || o.MaxChannelMessages != 5 ||
+		o.MaxChannelBytes != 6 || o.MaxReceiveMessages != 7 || o.MaxWaitSeconds != 8 || o.DefaultWaitSeconds != 2 || o.MaxExpirationSeconds != 9 ||
+		o.MaxDelaySeconds != 10 || o.MaxReceiveCount != 11 || o.MaxVisibilitySeconds != 12 || o.DefaultVisibilitySeconds != 3 ||
+		o.BodyLimit != 2048 || o.MaxMemory != 1<<20 {
+		t.Fatalf("options %+v", o)
+	}
+	// The defaults: 25% of the memory the process may use.
+	d := proxy.Defaults()
+	o, err = d.EmbeddedOptions(nil)
+	total, terr := proxy.MemoryTotal()
+	if err != nil || terr != nil || (o.MaxMemory-int64(total/4) > 1 || int64(total/4)-o.MaxMemory > 1) || o.MaxRetention != 24*time.Hour {
+		t.Fatalf("default options %+v %v; total %d %v", o, err, total, terr)
 	}
 }

@@ -178,7 +178,11 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 
 	address := p.cfg.KubeMQ.Address
 	if p.cfg.UseEmbedded() {
-		srv, err := embedded.New(embedded.Options{DataDir: p.cfg.Embedded.DataDir, Strict: p.cfg.Embedded.Strict, ScanDelays: p.cfg.Embedded.ScanDelays, Logger: p.log.Named("embedded")})
+		opts, err := p.cfg.EmbeddedOptions(p.log.Named("embedded"))
+		if err != nil {
+			return err
+		}
+		srv, err := embedded.New(opts)
 		if err != nil {
 			return fmt.Errorf("embedded server: %w", err)
 		}
@@ -189,7 +193,8 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		}
 		p.embeddedLis = lis
 		address = lis.Addr().String()
-		p.log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", address), zap.String("data_dir", p.cfg.Embedded.DataDir))
+		p.log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", address), zap.String("data_dir", p.cfg.Embedded.DataDir),
+			zap.Int64("max_memory_bytes", opts.MaxMemory))
 		p.goServe("embedded-kubemq", func() error { return srv.Serve(lis) })
 	}
 

@@ -49,7 +49,7 @@ func TestErrorConstructors(t *testing.T) {
 	}
 }
 
-// Texts mirror RabbitMQ 3.10's (features/rabbitmq-3.10.8-replies.txt).
+// Texts mirror RabbitMQ 3.10's (amqp091/errors_test.go checks them against a RabbitMQ node).
 func TestErrorTextsMatchRabbitMQ(t *testing.T) {
 	for _, c := range []struct {
 		err  *Error

@@ -72,7 +72,7 @@ func Scrape(httpAddr string, need ...string) (Metrics, error) {
 // ScrapeLines returns the sample lines of http://httpAddr/metrics as
 // printed, comments and blank lines left out.
 func ScrapeLines(httpAddr string) ([]string, error) {
-	hc := http.Client{Timeout: 5 * time.Second}
+	hc := http.Client{Timeout: 30 * time.Second} // a race-built process on a loaded machine can be slow
 	resp, err := hc.Get("http://" + httpAddr + "/metrics")
 	if err != nil {
 		return nil, err

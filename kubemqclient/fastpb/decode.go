@@ -25,6 +25,10 @@ func Unmarshal(b []byte, v any) bool {
 	case *kubemqpb.QueuesDownstreamResponse:
 		m.Reset()
 		return decodeDownstreamResponse(b, m)
+	case *kubemqpb.QueueMessage:
+		m.Reset()
+		var ks keys
+		return decodeQueueMessage(b, m, &ks)
 	}
 	return false
 }

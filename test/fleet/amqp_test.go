@@ -15,7 +15,7 @@ import (
 // AMQP across the fleet: one durable queue, an amqp091-go consumer on every replica. One
 // replica holds the queue's KubeMQ consumer; the others forward their consumers to it.
 
-func (r *replica) amqpURL() string { return "amqp://guest:guest@" + r.amqp + "/" }
+func (r *replica) amqpURL() string { return "amqp://guest:guest@" + r.addr("amqp") + "/" }
 
 // setupAMQP declares the run's durable queue through the first replica and waits until every
 // replica knows it (the registry).

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,8 +19,11 @@ import (
 
 func TestMain(m *testing.M) { proctest.Main(m) }
 
-// lease is the fleet's cluster lease: short, so that takeovers take seconds.
-const lease = 5 * time.Second
+// lease is the fleet's cluster lease: the default. A holder gives its queues up when its
+// renewal is not confirmed within the lease less the 3 s stop slack; with a 5 s lease that
+// left 2 s, which a loaded 2-CPU machine running the race detector missed now and then (a
+// spurious handover, whose in-flight acks then came back).
+const lease = 8 * time.Second
 
 func randSuffix() string {
 	b := make([]byte, 4)
@@ -56,10 +60,25 @@ type fleet struct {
 
 // replica is one proxy process and the ports it keeps across restarts.
 type replica struct {
-	f                    *fleet
-	name                 string
-	p                    *proctest.Proc
+	f    *fleet
+	name string
+	p    *proctest.Proc
+	// mu guards the addresses: consumers read them while a restart writes them.
+	mu                   sync.Mutex
 	gcp, amqp, http, per string
+}
+
+// addr returns the replica's current address of listener "gcp", "amqp" or "http".
+func (r *replica) addr(listener string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch listener {
+	case "gcp":
+		return r.gcp
+	case "amqp":
+		return r.amqp
+	}
+	return r.http
 }
 
 func newFleet(t testing.TB, n int) *fleet {
@@ -103,12 +122,14 @@ func (r *replica) start() {
 		}
 		return a
 	}
+	r.mu.Lock()
 	args := []string{
 		"--gcp.listen", addr(r.gcp), "--amqp.listen", addr(r.amqp), "--amqp.tls_listen", "", "--http.listen", addr(r.http),
 		"--cluster.listen", addr(r.per), "--cluster.secret", f.secret, "--cluster.lease", lease.String(),
 		"--cluster.channel", "kubemq-proxy-fleet.cluster." + f.suffix,
 		"--kubemq.address", f.kubemq, "--registry.channel", "kubemq-proxy-fleet.registry." + f.suffix, "--log.level", logLevel(),
 	}
+	r.mu.Unlock()
 	var p *proctest.Proc
 	var err error
 	for attempt := 0; attempt < 5; attempt++ { // a restart rebinds its ports; one may be taken meanwhile
@@ -123,8 +144,10 @@ func (r *replica) start() {
 	}
 	r.p = p
 	f.procs = append(f.procs, p)
+	r.mu.Lock()
 	r.gcp, r.amqp, r.http, r.per = p.Addr("gcp"), p.Addr("amqp"), p.Addr("http"), p.Addr("cluster")
-	if err := proctest.WaitReady(r.http, 60*time.Second); err != nil {
+	r.mu.Unlock()
+	if err := proctest.WaitReady(r.addr("http"), 60*time.Second); err != nil {
 		f.t.Fatalf("%s: %v: %s", r.name, err, p.Tail(30))
 	}
 }

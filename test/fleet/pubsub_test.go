@@ -20,7 +20,7 @@ const project = "fleet"
 
 func (r *replica) pubsub(t testing.TB) *pubsub.Client {
 	t.Helper()
-	c, err := pubsub.NewClient(context.Background(), project, option.WithEndpoint(r.gcp), option.WithoutAuthentication(),
+	c, err := pubsub.NewClient(context.Background(), project, option.WithEndpoint(r.addr("gcp")), option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
 	if err != nil {
 		t.Fatal(err)

@@ -211,11 +211,10 @@ func soakPubSub(ctx context.Context, t *testing.T, e *proxyEnv, rate int, wg *sy
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n := 0
+			var n atomic.Int64 // the callback runs on several goroutines at once
 			_ = sub.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
 				delivered.Add(1)
-				n++
-				if n%every == 0 {
+				if n.Add(1)%int64(every) == 0 {
 					nacked.Add(1)
 					m.Nack()
 					return

@@ -1,0 +1,142 @@
+package embedded
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
+)
+
+var storedMessages = flag.Int("stored", 100_000, "BenchmarkStoredMemory: how many 1 KiB messages to store (1000000 for the STORAGE.md figure)")
+
+// BenchmarkStoredMemory stores -stored 1 KiB queue messages (100 per batch, as a batched send)
+// in an in-memory server and in one with a data directory, and reports the process's RSS
+// (VmRSS) and Go heap once they are stored (after a GC), per message and in total, and the send
+// rate; with a data dir also the restart time and the RSS and heap after it. Run one case per
+// process for a clean RSS:
+//
+//	go test -run x -bench 'StoredMemory/in-memory' -benchtime 1x -stored 1000000 ./embedded
+func BenchmarkStoredMemory(b *testing.B) {
+	for _, persisted := range []bool{false, true} {
+		name := "in-memory"
+		if persisted {
+			name = "data-dir"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				benchStoredMemory(b, persisted, *storedMessages)
+			}
+		})
+	}
+}
+
+func benchStoredMemory(b *testing.B, persisted bool, n int) {
+	opts := Options{Logger: zap.NewNop()}
+	if persisted {
+		opts.DataDir = b.TempDir()
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	rss0 := vmRSS(b)
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	s, err := New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { s.Stop() }() // the server of the moment: the first one must not stay reachable
+	body := make([]byte, 1024)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	start := time.Now()
+	const batch = 100
+	msgs := make([]*kubemqpb.QueueMessage, batch)
+	for sent := 0; sent < n; sent += batch {
+		for i := range msgs {
+			// A fresh body per message, as a client's messages arrive.
+			msgs[i] = &kubemqpb.QueueMessage{ClientID: "bench", Channel: "stored", Body: append([]byte(nil), body...)}
+		}
+		res, _, lsn := s.sendBatch(msgs)
+		if err := s.waitLog(lsn); err != nil {
+			b.Fatal(err)
+		}
+		if res[0].IsError {
+			b.Fatal(res[0].Error)
+		}
+	}
+	elapsed := time.Since(start)
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rss := vmRSS(b)
+	heap := float64(ms.HeapAlloc - ms0.HeapAlloc)
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "msg/s")
+	b.ReportMetric(float64(rss-rss0)/(1<<20), "RSS-MiB")
+	b.ReportMetric(heap/(1<<20), "heap-MiB")
+	b.ReportMetric(float64(rss-rss0)/float64(n), "RSS-bytes/msg")
+	b.ReportMetric(heap/float64(n), "heap-bytes/msg")
+	b.ReportMetric(float64(s.MemoryUsed())/float64(n), "counted-bytes/msg")
+	b.ReportMetric(float64(procStatus(b, "VmHWM:"))/(1<<20), "peak-RSS-MiB") // the whole process, so far
+	if q := s.getQueue("stored", false); q == nil || q.count != int64(n) {
+		b.Fatalf("stored %v messages, want %d", q, n)
+	}
+	if !persisted {
+		return
+	}
+	// The same after a restart: the index rebuilt from the log.
+	s.Stop()
+	runtime.GC()
+	debug.FreeOSMemory()
+	start = time.Now()
+	s, err = New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	recovery := time.Since(start)
+	runtime.GC()
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(recovery.Seconds(), "restart-s")
+	b.ReportMetric(float64(vmRSS(b)-rss0)/(1<<20), "restart-RSS-MiB")
+	b.ReportMetric(float64(ms.HeapAlloc-ms0.HeapAlloc)/(1<<20), "restart-heap-MiB")
+	b.ReportMetric(float64(procStatus(b, "VmHWM:"))/(1<<20), "restart-peak-RSS-MiB")
+	if q := s.getQueue("stored", false); q == nil || q.count != int64(n) {
+		b.Fatalf("after restart %v messages, want %d", q, n)
+	}
+}
+
+// vmRSS is the process's resident set size in bytes (/proc/self/status).
+func vmRSS(b *testing.B) int64 { return procStatus(b, "VmRSS:") }
+
+// procStatus reads a size field of /proc/self/status in bytes.
+func procStatus(b *testing.B, field string) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		b.Skip("no /proc/self/status")
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(fmt.Errorf("%s %q: %w", field, v, err))
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no " + field + " in /proc/self/status")
+	return 0
+}

@@ -1,0 +1,47 @@
+// Package gcp is the Google Cloud Pub/Sub v1 gRPC front-end (emulator mode:
+// plaintext, no auth). It owns the Publisher, Subscriber, IAMPolicy (iam.go) and
+// SchemaService handlers, the in-memory view of the topology (topics,
+// subscriptions and schemas, kept as registry records), the publish path
+// (schema validation, topic log plus one filtered queue copy per
+// subscription) and the mapping of every error to a gRPC status. Schema
+// definitions and message validation are the schema subpackage's.
+//
+// Resource ids are global: the project segment of a name is validated, then
+// ignored, and names are rendered back in the caller's project.
+//
+// # Flow control
+//
+// A StreamingPull stream may hold the client's max_outstanding_messages
+// (and _bytes) plus the settlements heard from that stream in the last
+// 250 ms. Clients batch their acks (the Go client flushes them every
+// 100 ms, by unary Acknowledge), so a server that counted every delivery
+// it has not yet heard acked would cap a stream at one window per flush
+// interval: 10,000 msg/s with the Go client's default of 1,000, however
+// fast the client is. Google's server treats the numbers as a hint, and
+// the client libraries enforce them themselves (the Go client holds
+// surplus messages back from its callbacks and extends their leases). The
+// allowance is an estimate of the acks in transit: it grows only as fast
+// as the client really settles, is gone within 250 ms of the client
+// stopping, and never exceeds 100,000. Expired leases do not count. The
+// per-subscription in-flight ceiling (Config.MaxInflightPerSubscription,
+// 20,000 by default) bounds all streams and Pulls of a subscription
+// together; the tail beyond it waits in KubeMQ. A client asking for no
+// limit gets Config.MaxOutstandingMessages (1,000).
+//
+// # Queues and incarnations
+//
+// Subscription s is the queue "gcp.sub.{s}". A subscription created under
+// an id whose queue KubeMQ already knows (an earlier incarnation, deleted)
+// gets "gcp.sub.{s}.{uid}" instead, recorded with it, so lease records,
+// delayed redeliveries and a lingering consumer of the old incarnation
+// never reach the new one.
+//
+// # Outages
+//
+// While KubeMQ is unreachable every RPC answers UNAVAILABLE (the readiness
+// gate), StreamingPull streams end with UNAVAILABLE and the leases are
+// dropped: their lease records bring the messages back, the pollers
+// rebuild, and clients reconnect by themselves. Lease records carry the
+// Pub/Sub ack deadline, so after a crash a leased message is redelivered
+// once its deadline (plus the record delay) has passed.
+package gcp

@@ -29,7 +29,7 @@ type state struct {
 
 func (r *replica) state(t testing.TB) state {
 	t.Helper()
-	resp, err := http.Get("http://" + r.http + "/state")
+	resp, err := http.Get("http://" + r.addr("http") + "/state")
 	if err != nil {
 		t.Fatalf("%s: /state: %v", r.name, err)
 	}
@@ -88,7 +88,7 @@ func (f *fleet) holder(t testing.TB, q string, d time.Duration) *replica {
 // forwarded is how many Subscriber calls r forwarded to another replica so far.
 func (r *replica) forwarded(t testing.TB) float64 {
 	t.Helper()
-	m, err := proctest.Scrape(r.http, "kubemq_proxy_gcp_forwarded_calls_total")
+	m, err := proctest.Scrape(r.addr("http"), "kubemq_proxy_gcp_forwarded_calls_total")
 	if err != nil {
 		t.Fatalf("%s: %v", r.name, err)
 	}

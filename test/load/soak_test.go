@@ -101,14 +101,14 @@ func TestMemorySoak(t *testing.T) {
 		}
 		fmt.Fprintf(&b, "%8s %10.1f %10.1f %12.1f%s\n", s.at.Round(time.Second), s.rss, s.heap, s.backend, mark)
 	}
-	slope, mean := regression(xs, ys)
+	slope, mean, se := regression(xs, ys)
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, y := range ys {
 		lo, hi = min(lo, y), max(hi, y)
 	}
 	t.Logf("memory samples of the proxy under load:\n%s", b.String())
-	report(t, "soak %v at %d msg/s per protocol: Pub/Sub %s (two subscriptions), AMQP %s; RSS after warm-up mean %.1f MiB, min %.1f, max %.1f, slope %+.2f MiB/min",
-		d, rate, &ps, &aq, mean, lo, hi, slope)
+	report(t, "soak %v at %d msg/s per protocol: Pub/Sub %s (two subscriptions), AMQP %s; RSS after warm-up mean %.1f MiB, min %.1f, max %.1f, slope %+.2f MiB/min (standard error %.2f)",
+		d, rate, &ps, &aq, mean, lo, hi, slope, se)
 	if len(ys) < 3 {
 		t.Fatalf("only %d samples after the warm-up", len(ys))
 	}
@@ -118,8 +118,10 @@ func TestMemorySoak(t *testing.T) {
 	if proctest.Race {
 		return
 	}
-	if slope > soakMaxSlope(mean) {
-		t.Errorf("RSS grows by %.2f MiB/min after the warm-up (allowed %.2f: 5 %% of its mean a minute)", slope, soakMaxSlope(mean))
+	// A trend counts only when it is both steep and clear of the samples' scatter (three
+	// standard errors): over a one-minute window, GC cycles move RSS by more than 5 % either way.
+	if slope > soakMaxSlope(mean) && slope > 3*se {
+		t.Errorf("RSS grows by %.2f MiB/min after the warm-up (allowed %.2f: 5 %% of its mean a minute; standard error %.2f)", slope, soakMaxSlope(mean), se)
 	}
 	if d-warmup >= 10*time.Minute && (lo < 0.85*mean || hi > 1.15*mean) {
 		t.Errorf("RSS after the warm-up leaves ±15 %% of its mean %.1f MiB: min %.1f, max %.1f", mean, lo, hi)
@@ -156,11 +158,12 @@ func (c *soakCounts) check(t *testing.T, name string, copies int64) {
 // by far more).
 func soakMaxSlope(mean float64) float64 { return 0.05 * mean }
 
-// regression returns the least-squares slope of ys over xs, and the mean of ys.
-func regression(xs, ys []float64) (slope, mean float64) {
+// regression returns the least-squares slope of ys over xs, the mean of ys, and the slope's
+// standard error.
+func regression(xs, ys []float64) (slope, mean, se float64) {
 	n := float64(len(xs))
 	if n < 2 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	var sx, sy, sxx, sxy float64
 	for i := range xs {
@@ -168,9 +171,20 @@ func regression(xs, ys []float64) (slope, mean float64) {
 	}
 	den := n*sxx - sx*sx
 	if den == 0 {
-		return 0, sy / n
+		return 0, sy / n, 0
 	}
-	return (n*sxy - sx*sy) / den, sy / n
+	slope, mean = (n*sxy-sx*sy)/den, sy/n
+	if n > 2 {
+		xm := sx / n
+		var rss, sxxc float64
+		for i := range xs {
+			r := ys[i] - (mean + slope*(xs[i]-xm))
+			rss += r * r
+			sxxc += (xs[i] - xm) * (xs[i] - xm)
+		}
+		se = math.Sqrt(rss / (n - 2) / sxxc)
+	}
+	return slope, mean, se
 }
 
 // every runs f about rate times a second until ctx ends.
@@ -319,4 +333,20 @@ func soakAMQP(ctx context.Context, t *testing.T, e *proxyEnv, rate int, wg *sync
 			}
 		}
 	}()
+}
+
+// The soak's trend check flags a steady leak and lets GC scatter pass.
+func TestSoakTrendCheck(t *testing.T) {
+	var xs, leak, flat []float64
+	for i := range 12 {
+		x := float64(i) / 12
+		scatter := []float64{9, -7, 12, -10, 4, -12, 8, -3, 11, -9, 6, -8}[i]
+		xs, leak, flat = append(xs, x), append(leak, 80+30*x+scatter/4), append(flat, 80+scatter)
+	}
+	if slope, mean, se := regression(xs, leak); !(slope > soakMaxSlope(mean) && slope > 3*se) {
+		t.Errorf("a 30 MiB/min leak passes: slope %.2f, se %.2f", slope, se)
+	}
+	if slope, mean, se := regression(xs, flat); slope > soakMaxSlope(mean) && slope > 3*se {
+		t.Errorf("flat scatter fails: slope %.2f, se %.2f", slope, se)
+	}
 }

@@ -7,23 +7,9 @@ import (
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-)
 
-// hostIP is a non-loopback address of this machine, or skips.
-func hostIP(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address to connect from")
-	return ""
-}
+	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
+)
 
 // serveOn makes the env's server also listen on ip (a non-loopback address, so that the peer
 // address the server sees is not loopback) and returns that listener's address.
@@ -41,7 +27,7 @@ func serveOn(t *testing.T, e *env, ip string) string {
 // RabbitMQ accepts its default guest user only from loopback; OpenLoginsFromAnywhere lifts
 // the rule, and configured users are checked from any address.
 func TestOpenLoginsLoopbackOnly(t *testing.T) {
-	ip := hostIP(t)
+	ip := testenv.NonLoopbackIP(t)
 	dial := func(e *env, addr, user, pass string) error {
 		c, err := amqp.Dial("amqp://" + user + ":" + pass + "@" + addr + "/" + url.PathEscape(e.vhost))
 		if err == nil {

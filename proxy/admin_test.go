@@ -13,23 +13,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
-
-func nonLoopbackIP(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address")
-	return ""
-}
 
 func request(t *testing.T, method, url, token string) int {
 	t.Helper()
@@ -48,7 +34,7 @@ func request(t *testing.T, method, url, token string) int {
 // /healthz, /readyz and /metrics answer anyone; /state and /loglevel answer loopback peers,
 // and others only with the admin token (read from http.admin_token_file here).
 func TestAdminEndpointsLoopbackOrToken(t *testing.T) {
-	ip := nonLoopbackIP(t)
+	ip := testenv.NonLoopbackIP(t)
 	for _, withToken := range []bool{false, true} {
 		cfg := testConfig(t)
 		cfg.HTTP.Listen = net.JoinHostPort(ip, "0")

@@ -5,6 +5,7 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"testing"
 )
@@ -16,4 +17,21 @@ func Missing(t testing.TB, format string, args ...any) {
 		t.Fatalf("CI: "+format, args...)
 	}
 	t.Skipf(format, args...)
+}
+
+// NonLoopbackIP returns an IPv4 address of this machine that is not a loopback address (so a
+// server listening on it sees its peers as non-loopback), or skips t.
+func NonLoopbackIP(t testing.TB) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP.String()
+		}
+	}
+	t.Skip("no non-loopback IPv4 address")
+	return ""
 }

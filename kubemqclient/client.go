@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
@@ -133,6 +134,11 @@ type Client struct {
 	hookID   int
 	readyCh  chan struct{} // closed when ready; replaced when going down
 	closed   bool
+	// upCtx lives while the client is ready and ends (cause errOutage) when
+	// readiness is lost; a new one starts with the next ready. nil until the
+	// first ready. Publishing calls are bound to it (boundToReadiness).
+	upCtx    context.Context
+	upCancel context.CancelCauseFunc
 
 	pub *eventPublisher
 
@@ -397,8 +403,12 @@ func (c *Client) setReady(up bool) {
 	c.ready.Store(up)
 	if up {
 		close(c.readyCh)
+		c.upCtx, c.upCancel = context.WithCancelCause(context.Background())
 	} else {
 		c.readyCh = make(chan struct{})
+		if c.upCancel != nil {
+			c.upCancel(errOutage)
+		}
 	}
 	hooks := make([]func(bool), 0, len(c.hooks))
 	for _, h := range c.hooks {
@@ -488,6 +498,49 @@ func (c *Client) healthLoop() {
 			t.Stop()
 		}
 	}
+}
+
+// errOutage is the cause of upCtx's end: the client lost readiness.
+var errOutage = errors.New("the server stopped answering health pings")
+
+// outageErr is a publishing call's failure during an outage: retryable.
+func outageErr(op string) *Error {
+	return &Error{Op: op, GRPC: codes.Unavailable, Msg: "not ready: " + errOutage.Error(), kind: ErrUnavailable, Retryable: true, cause: errOutage}
+}
+
+// boundToReadiness makes a publishing call fail fast during an outage
+// instead of waiting for its deadline on a server that stopped answering (a
+// frozen process or a partition keeps the TCP connection open): while the
+// client is not ready after having been ready, it returns outageErr at
+// once; while it is ready, the returned context ends when readiness is
+// lost (within Options.PingInterval + 2 x PingTimeout of the server's last
+// answer), and settle maps the call's error to outageErr then. Before the
+// first successful ping calls are not bound, so a caller that starts
+// before the connection does waits as before. The result is unknown to
+// the caller either way: the server may still store what it was sent
+// (at-least-once, as for any failed call).
+func (c *Client) boundToReadiness(op string, ctx context.Context) (context.Context, context.CancelFunc, error) {
+	c.stateMu.Lock()
+	up := c.upCtx
+	c.stateMu.Unlock()
+	if up == nil {
+		return ctx, func() {}, nil
+	}
+	if up.Err() != nil {
+		return nil, nil, outageErr(op)
+	}
+	bctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(up, func() { cancel(errOutage) })
+	return bctx, func() { stop(); cancel(nil) }, nil
+}
+
+// settleOutage replaces err with outageErr when ctx (from
+// boundToReadiness) ended because readiness was lost.
+func settleOutage(op string, ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil && errors.Is(context.Cause(ctx), errOutage) {
+		return outageErr(op)
+	}
+	return err
 }
 
 // PingInfo is the server's identity.

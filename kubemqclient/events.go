@@ -28,7 +28,9 @@ func (c *Client) PublishEvent(ctx context.Context, e Event) (PublishResult, erro
 // and a stream broken before the event was answered (retryable), are in the
 // results, one per event in order (see FirstError). If ctx ends first the
 // call returns at once, but the events may still be written: do not modify
-// their Body or Tags afterwards.
+// their Body or Tags afterwards. The same holds when the client loses
+// readiness meanwhile: the call then fails with ErrUnavailable at once (see
+// boundToReadiness), as it does when called during an outage.
 func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishResult, error) {
 	const op = "PublishEvents"
 	if c.isClosed() {
@@ -56,6 +58,11 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 		b.results[i].EventID = id
 	}
 	b.remaining.Store(int64(len(events)))
+	ctx, release, err := c.boundToReadiness(op, ctx)
+	if err != nil {
+		return nil, err // an outage: nothing was sent
+	}
+	defer release()
 	t := c.startOp()
 	if err := c.pub.enqueue(b); err != nil {
 		return nil, err // closed: nothing was sent
@@ -65,7 +72,7 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 		endBatch(t, OpPublishEvents, b.results, nil)
 		return b.results, nil
 	case <-ctx.Done():
-		err := wrapErr(op, ctx.Err())
+		err := settleOutage(op, ctx, wrapErr(op, ctx.Err()))
 		t.end(OpPublishEvents, err)
 		return nil, err
 	}

@@ -12,7 +12,9 @@ import (
 
 // SendQueueMessage stores one message (synchronously: the server answers
 // after the store's acknowledgement). A server-side refusal is returned as
-// the error and in the result.
+// the error and in the result. During an outage it fails at once with
+// ErrUnavailable, and a call in flight when readiness is lost fails then
+// (boundToReadiness); the message may have been stored all the same.
 func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResult, error) {
 	const op = "SendQueueMessage"
 	if c.isClosed() {
@@ -22,10 +24,15 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 	if err != nil {
 		return SendResult{}, err
 	}
+	ctx, release, err := c.boundToReadiness(op, ctx)
+	if err != nil {
+		return SendResult{}, err
+	}
+	defer release()
 	t := c.startOp()
 	r, err := c.rpc.SendQueueMessage(ctx, pm)
 	if err != nil {
-		err = c.observe(wrapErr(op, err))
+		err = settleOutage(op, ctx, c.observe(wrapErr(op, err)))
 		t.end(OpSendQueue, err)
 		return SendResult{}, err
 	}
@@ -38,6 +45,7 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 // messages may go to different queues). The whole batch is validated before
 // anything is sent. The error is for the call as a whole; per-message
 // refusals are in the results, one per message in order (see FirstError).
+// Outages fail it fast, as SendQueueMessage.
 func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]SendResult, error) {
 	const op = "SendQueueMessages"
 	if c.isClosed() {
@@ -50,10 +58,15 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 	if err != nil {
 		return nil, err
 	}
+	ctx, release, err := c.boundToReadiness(op, ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	t := c.startOp()
 	r, err := c.rpc.SendQueueMessagesBatch(ctx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
 	if err != nil {
-		err = c.observe(wrapErr(op, err))
+		err = settleOutage(op, ctx, c.observe(wrapErr(op, err)))
 		t.end(OpSendQueueBatch, err)
 		return nil, err
 	}

@@ -114,6 +114,21 @@ type KubeMQConfig struct {
 	KeyFile       string `mapstructure:"key_file"`
 	// ServerName overrides the TLS server name.
 	ServerName string `mapstructure:"server_name"`
+	// OutageDetection bounds how long a KubeMQ that stops answering (a frozen
+	// process, a partition: the TCP connection stays open) goes unnoticed: the
+	// health ping runs every quarter of it with a third of it as its deadline,
+	// and two missed pings in a row declare the outage (readiness off,
+	// publishes in flight fail with UNAVAILABLE / basic.nack, new ones at once).
+	OutageDetection time.Duration `mapstructure:"outage_detection"`
+}
+
+// HealthPings derives the client's health ping schedule from OutageDetection:
+// the longest a silent server goes unnoticed is one interval plus two timed-out
+// pings (the first timeout is asked again before the outage is declared), a
+// twelfth of the bound short of it. While down, pings back off up to the bound.
+func (k *KubeMQConfig) HealthPings() (interval, timeout, maxBackoff time.Duration) {
+	d := k.OutageDetection
+	return d / 4, d / 3, max(d, time.Second)
 }
 
 // EmbeddedConfig configures the in-process KubeMQ-compatible server.
@@ -241,7 +256,7 @@ func Defaults() Config {
 			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
-			ClientID: "kubemq-proxy",
+			ClientID: "kubemq-proxy", OutageDetection: 2 * time.Second,
 		},
 		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000",
 			Store: EmbeddedStoreConfig{MaxRetention: 24 * time.Hour, MaxPurgeInactive: 24 * time.Hour},
@@ -357,6 +372,9 @@ func (c *Config) Validate() error {
 	}
 	if c.AMQP.MetricsQueueLabels < 0 || c.AMQP.MetricsQueueLabels > 10000 {
 		return fmt.Errorf("amqp.metrics_queue_labels: %d is outside 0..10000", c.AMQP.MetricsQueueLabels)
+	}
+	if d := c.KubeMQ.OutageDetection; d < 200*time.Millisecond || d > time.Minute {
+		return fmt.Errorf("kubemq.outage_detection: %v is outside 200ms..1m", d)
 	}
 	if c.KubeMQ.ClientID == "" {
 		return errors.New("kubemq.client_id must not be empty")

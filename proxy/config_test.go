@@ -57,6 +57,8 @@ func TestValidate(t *testing.T) {
 		{"amqp.metrics_queue_labels", func(c *proxy.Config) { c.AMQP.MetricsQueueLabels = -1 }},
 		{"amqp.metrics_queue_labels", func(c *proxy.Config) { c.AMQP.MetricsQueueLabels = 10001 }},
 		{"kubemq.client_id", func(c *proxy.Config) { c.KubeMQ.ClientID = "" }},
+		{"kubemq.outage_detection", func(c *proxy.Config) { c.KubeMQ.OutageDetection = 199 * time.Millisecond }},
+		{"kubemq.outage_detection", func(c *proxy.Config) { c.KubeMQ.OutageDetection = time.Minute + 1 }},
 		{"registry.channel", func(c *proxy.Config) { c.Registry.Channel = "a b" }},
 		{"registry.snapshot_interval", func(c *proxy.Config) { c.Registry.SnapshotInterval = 59 * time.Second }},
 		{"registry.snapshot_interval", func(c *proxy.Config) { c.Registry.SnapshotInterval = 12*time.Hour + time.Second }},

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -242,12 +243,27 @@ func TestEmbeddedModeServesKubeMQ(t *testing.T) {
 	if testing.Short() || kubemqtest.External() {
 		t.Skip("runs the binary's embedded mode")
 	}
-	p, err := proctest.Start(proxyBinary(t), "embedded", t.TempDir(), []string{"embedded-kubemq"},
-		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", t.TempDir())
+	p, err := proctest.Start(proxyBinary(t), "embedded", t.TempDir(), []string{"embedded-kubemq", "http"},
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.data_dir", t.TempDir())
 	if err != nil {
-		t.Fatalf("embedded mode never reported its listener: %v", err)
+		t.Fatalf("embedded mode never reported its listeners: %v", err)
 	}
 	defer p.Kill()
+	// The side port: liveness, readiness (the server answers its health ping) and metrics.
+	if err := proctest.WaitReady(p.Addr("http"), 30*time.Second); err != nil {
+		t.Fatalf("embedded mode /readyz: %v", err)
+	}
+	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "kubemq_proxy_ready 1"} {
+		resp, err := http.Get("http://" + p.Addr("http") + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Errorf("GET %s = %d, want 200 with %q", path, resp.StatusCode, want)
+		}
+	}
 	if err := p.Stop(30 * time.Second); err != nil {
 		t.Fatalf("embedded mode exit: %v", err)
 	}

@@ -165,7 +165,8 @@ func reloadLogLevel(log *zap.Logger, level zap.AtomicLevel, args []string) {
 }
 
 // runEmbedded serves the embedded KubeMQ-compatible server alone on
-// embedded.listen until SIGINT/SIGTERM.
+// embedded.listen, with the side port (/healthz, /readyz, /metrics) on
+// http.listen, until SIGINT/SIGTERM.
 func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -193,15 +194,36 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 		zap.Int64("max_memory_bytes", opts.MaxMemory))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
+	side, err := proxy.StartEmbeddedSidePort(cfg, srv, log)
+	if err != nil {
+		srv.Stop()
+		<-errc
+		return err
+	}
+	var runErr error
 	select {
 	case <-ctx.Done():
 		log.Info("signal received; shutting down")
-		srv.Stop()
-		<-errc
-		return nil
-	case err := <-errc:
-		return err
+	case runErr = <-errc:
+		errc <- runErr // for the wait below
+	case runErr = <-side.Errors():
+		runErr = fmt.Errorf("http: %w", runErr)
 	}
+	// Readiness off first, then the server; the side port answers until the end,
+	// which shutdown.timeout bounds.
+	side.BeginShutdown()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.Timeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() { srv.Stop(); <-errc; close(stopped) }()
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		log.Warn("shutdown deadline passed; giving up on the rest", zap.String("waiting_on", "embedded server (closing streams, flushing the store)"))
+	}
+	side.Close(sctx)
+	log.Info("stopped")
+	return runErr
 }
 
 // runHealthcheck asks the proxy on this host (http.listen) for /readyz.

@@ -241,7 +241,8 @@ type LogConfig struct {
 	Sampling bool `mapstructure:"sampling"`
 }
 
-// ShutdownConfig bounds the graceful shutdown.
+// ShutdownConfig bounds the graceful shutdown: past Timeout the process exits
+// anyway, naming the step it gave up on.
 type ShutdownConfig struct {
 	Timeout time.Duration `mapstructure:"timeout"`
 }

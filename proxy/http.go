@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // httpHandler serves the side port. /healthz is liveness (the process
@@ -16,20 +14,7 @@ import (
 // registry has replayed, with the reason in the body otherwise.
 func (p *Proxy) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := p.Ready(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write([]byte("not ready: " + err.Error() + "\n"))
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.metrics, promhttp.HandlerOpts{}))
+	healthHandlers(mux, p.metrics, p.Ready)
 	mux.Handle("GET /state", p.admin(http.HandlerFunc(p.serveState)))
 	if p.logLevel != nil {
 		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.

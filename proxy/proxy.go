@@ -420,7 +420,11 @@ func (p *Proxy) Registry() *registry.Registry { return p.reg }
 
 // Shutdown stops in order: readiness off, front-ends (stop accepting, close
 // connections, give leases back), registry, client, HTTP, embedded backend.
-// It is idempotent.
+// It returns when ctx ends even if a step is still waiting (a KubeMQ that
+// stopped answering holds up the steps that settle with it), with an error
+// naming the step it gave up on; the process can then exit: whatever was
+// not settled comes back through KubeMQ's own expiries (lease records,
+// visibility). It is idempotent.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	if p.stopping {
@@ -430,9 +434,34 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.stopping = true
 	p.mu.Unlock()
 
+	var stepMu sync.Mutex
+	current := "starting"
+	step := func(s string) {
+		stepMu.Lock()
+		current = s
+		stepMu.Unlock()
+		p.log.Debug("shutdown step", zap.String("step", s))
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.shutdown(ctx, step) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	stepMu.Lock()
+	at := current
+	stepMu.Unlock()
+	p.log.Warn("shutdown deadline passed; giving up on the rest", zap.String("waiting_on", at), zap.Error(ctx.Err()))
+	return fmt.Errorf("shutdown gave up waiting on %s: %w", at, ctx.Err())
+}
+
+// shutdown runs Shutdown's steps, naming each through step before it starts.
+func (p *Proxy) shutdown(ctx context.Context, step func(string)) error {
 	var errs []error
 	for i := len(p.frontends) - 1; i >= 0; i-- {
 		f := p.frontends[i]
+		step("front-end " + f.name + " (closing connections, giving leases back)")
 		if err := f.fe.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
 		}
@@ -441,12 +470,14 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		}
 	}
 	if p.deliveries != nil {
+		step("delivery consumers (settling with KubeMQ)")
 		// Consumers close clean (everything given back, recorded in the acknowledgement
 		// log) and release their queues for other replicas to claim at once.
 		if err := p.deliveries.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("delivery: %w", err))
 		}
 	}
+	step("peer port")
 	if p.peerSrv != nil {
 		p.peerSrv.Stop()
 	}
@@ -454,24 +485,30 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.peers.Close()
 	}
 	if p.acks != nil {
+		step("acknowledgement log")
 		if err := p.acks.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("acknowledgement log: %w", err))
 		}
 	}
 	if p.cluster != nil {
+		step("ownership log (releasing queues)")
 		if err := p.cluster.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}
 	if p.reg != nil {
+		step("registry")
 		p.reg.Close()
 	}
 	if p.clusterClient != nil {
+		step("KubeMQ client of the ownership log")
 		p.clusterClient.Close()
 	}
 	if p.client != nil {
+		step("KubeMQ client (draining publishes and streams)")
 		p.client.Close()
 	}
+	step("HTTP side port and embedded server")
 	if p.httpSrv != nil {
 		p.httpSrv.Shutdown(ctx)
 	} else if p.httpLis != nil {
@@ -482,6 +519,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	} else if p.embeddedLis != nil {
 		p.embeddedLis.Close()
 	}
+	step("listener goroutines")
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
 	select {

@@ -27,6 +27,9 @@ type env struct {
 	backendDir string
 	backend    *proctest.Proc
 	relay      *relay
+	// realDir is the data directory of a real KubeMQ server this run started
+	// with the KUBEMQ_SERVER script (freezable: its pid is in realDir/pid).
+	realDir string
 
 	regChannel string
 	proxy      *proctest.Proc
@@ -57,12 +60,18 @@ func startProc(t testing.TB, name, dir string, want []string, args ...string) (*
 	return proctest.Start(proctest.Binary(t, proctest.Race), name, dir, want, args...)
 }
 
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *env { return newEnvWith(t, false) }
+
+// newEnvWith is newEnv; ownReal runs the backend as a real KubeMQ server of
+// the run's own, started with the KUBEMQ_SERVER script (see frozen_test.go).
+func newEnvWith(t testing.TB, ownReal bool) *env {
 	t.Helper()
-	e := &env{t: t, dir: runDir(t), suffix: randSuffix(), external: kubemqtest.External()}
+	e := &env{t: t, dir: runDir(t), suffix: randSuffix(), external: kubemqtest.External() || ownReal}
 	e.regChannel = "kubemq-proxy-faults-" + e.suffix
 	target := os.Getenv(kubemqtest.EnvAddress)
-	if !e.external {
+	if ownReal {
+		target = e.startRealServer()
+	} else if !e.external {
 		e.backendDir = filepath.Join(e.dir, "backend-data")
 		if err := os.MkdirAll(e.backendDir, 0o755); err != nil {
 			t.Fatal(err)
@@ -84,7 +93,7 @@ func newEnv(t testing.TB) *env {
 // in strict mode as every test backend.
 func (e *env) startBackend() {
 	e.t.Helper()
-	args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--log.level", logLevel()},
+	args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.data_dir", e.backendDir, "--log.level", logLevel()},
 		kubemqtest.BinaryFlags()...)
 	p, err := startProc(e.t, "backend", e.dir, []string{"embedded-kubemq"}, args...)
 	if err != nil {
@@ -167,6 +176,9 @@ func (e *env) close() {
 	}
 	if e.backend != nil {
 		e.backend.Kill()
+	}
+	if e.realDir != "" {
+		e.stopRealServer()
 	}
 	if e.t.Failed() {
 		for _, p := range append(append([]*proctest.Proc(nil), e.proxies...), e.backends...) {

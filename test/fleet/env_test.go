@@ -91,7 +91,7 @@ func newFleet(t testing.TB, n int) *fleet {
 		if err := os.MkdirAll(data, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", data, "--log.level", logLevel()},
+		args := append([]string{"embedded", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.data_dir", data, "--log.level", logLevel()},
 			kubemqtest.BinaryFlags()...)
 		p, err := proctest.Start(proctest.Binary(t, proctest.Race), "backend", f.dir, []string{"embedded-kubemq"}, args...)
 		if err != nil {

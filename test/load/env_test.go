@@ -105,7 +105,7 @@ func startBackend(t testing.TB) (string, *proctest.Proc) {
 	}
 	dir := runDir(t)
 	p, err := proctest.Start(proctest.Binary(t, proctest.Race), "backend", dir, []string{"embedded-kubemq"},
-		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", filepath.Join(dir, "backend-data"), "--log.level", logLevel())
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.data_dir", filepath.Join(dir, "backend-data"), "--log.level", logLevel())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func backend(b *testing.B, embeddedAlways bool) string {
 	}
 	dir := proctest.RunDir(b, "OVERHEAD_LOGS")
 	p, err := proctest.Start(proctest.Binary(b, false), "backend", dir, []string{"embedded-kubemq"},
-		"embedded", "--embedded.listen", "127.0.0.1:0", "--embedded.data_dir", filepath.Join(dir, "data"), "--log.level", "info")
+		"embedded", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.data_dir", filepath.Join(dir, "data"), "--log.level", "info")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -388,6 +388,13 @@ func (s *Server) vhostAllowed(name string) bool {
 // unreachable, as RabbitMQ does when it loses its store: clients reconnect
 // (and are refused until it is back); nothing they were told is stored is
 // lost, and unacknowledged deliveries come back through their lease records.
+// The close waits for the second check that finds the outage: publishes in
+// flight fail when the client declares the outage, and their basic.nack must
+// reach confirming publishers first (a close would leave them unconfirmed,
+// their fate unknown); publishes in between are refused at once, nacked too.
+// A publisher without confirms learns of the outage from the close only;
+// what it sent since the outage began is dropped, as RabbitMQ gives such a
+// publisher no guarantee either.
 func (s *Server) watchReady() {
 	if s.opts.Ready == nil {
 		return
@@ -420,6 +427,7 @@ func (s *Server) watchReady() {
 		s.mu.Unlock()
 		if first {
 			s.log.Warn("KubeMQ unreachable: closing AMQP connections", zap.Int("connections", len(conns)), zap.Error(err))
+			continue
 		}
 		for _, c := range conns {
 			if c.opened.Load() && c.refuse == nil { // refused ones close on their own

@@ -10,7 +10,20 @@
 //  1. ProxyKill: SIGKILL of the proxy, restarted on the same ports;
 //  2. BackendKill: SIGKILL of the backend, restarted on the same data dir;
 //  3. BackendUnreachable: the relay refuses and cuts every connection for 10 s;
-//  4. ConsumerStall: a Pub/Sub callback that sleeps 30 s, past the 10 s ack
+//  4. BackendFrozen: SIGSTOP of the backend process for 10 s (the TCP
+//     connections stay open and nothing answers), then SIGCONT. Probes publish
+//     one message every 50 ms on each protocol on their own topic and queue (a
+//     Pub/Sub Publish RPC without client retries, an AMQP publish with
+//     confirms) and the run checks and reports: /readyz 503 within twice
+//     kubemq.outage_detection; every Pub/Sub publish sent while frozen answered
+//     UNAVAILABLE before the SIGCONT; every AMQP publish in flight when the
+//     outage was detected answered with basic.nack before the 320 close; the
+//     latencies; /readyz 200 and a publish stored again after the SIGCONT;
+//  5. FrozenShutdown: SIGSTOP of the backend, then, once /readyz is 503,
+//     SIGTERM of the proxy: it must exit within shutdown.timeout (plus slack),
+//     logging the step it gave up on; then SIGCONT and a new proxy on the same
+//     ports. The run reports the time from SIGTERM to exit;
+//  6. ConsumerStall: a Pub/Sub callback that sleeps 30 s, past the 10 s ack
 //     deadline, on a subscriber with lease extension off and a 10 s stream
 //     ack deadline (the messages must come back to the healthy subscriber
 //     while it sleeps), and an AMQP consumer that holds its prefetch
@@ -57,5 +70,10 @@
 //   - PROXY_BIN=path: run that binary instead of building one;
 //   - KUBEMQ_ADDRESS=host:port: the backend is that external server; the
 //     faults that kill the backend are skipped (the suite cannot restart
-//     it), the others run against it through the relay.
+//     it), the others run against it through the relay; so are the faults
+//     that freeze it, unless KUBEMQ_SERVER is set;
+//   - KUBEMQ_SERVER=path of a kubemq-server script (`start DIR` prints
+//     host:port and writes the server's pid to DIR/pid; `stop DIR`): the
+//     faults that freeze the backend start a real KubeMQ of their own with
+//     it and SIGSTOP that process instead of the embedded one.
 package faults

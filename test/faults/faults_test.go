@@ -64,8 +64,11 @@ type expectation struct {
 type fault struct {
 	name        string
 	killBackend bool // impossible with an external server
-	expect      expectation
-	inject      func(t *testing.T, r *run) (end time.Time)
+	// freeze: the run SIGSTOPs its backend process (frozen_test.go): the
+	// embedded one, or a real KubeMQ of its own started with KUBEMQ_SERVER.
+	freeze bool
+	expect expectation
+	inject func(t *testing.T, r *run) (end time.Time)
 }
 
 var faults = []fault{
@@ -98,6 +101,20 @@ var faults = []fault{
 			r.env.relay.Up()
 			return time.Now()
 		},
+	},
+	{
+		name:   "BackendFrozen",
+		freeze: true,
+		expect: expectation{pubsubUnavailable: true, amqpClose: "320"},
+		inject: injectFrozen,
+	},
+	{
+		name:   "FrozenShutdown",
+		freeze: true,
+		// AMQP connections close with 320 at the outage, before the proxy is
+		// stopped; Pub/Sub clients see UNAVAILABLE, then the proxy gone.
+		expect: expectation{pubsubUnavailable: true, amqpClose: "320"},
+		inject: injectFrozenShutdown,
 	},
 	{
 		name:   "ConsumerStall",
@@ -179,6 +196,9 @@ func TestFaults(t *testing.T) {
 			if f.killBackend && os.Getenv("KUBEMQ_ADDRESS") != "" {
 				t.Skipf("KUBEMQ_ADDRESS is set: the harness cannot kill and restart an external KubeMQ server; BackendUnreachable covers its outage through the relay")
 			}
+			if why := canFreeze(); f.freeze && why != "" {
+				t.Skip(why)
+			}
 			if !serial {
 				t.Parallel()
 			}
@@ -197,7 +217,7 @@ func TestFaults(t *testing.T) {
 
 func runFault(t *testing.T, f fault) {
 	began := time.Now()
-	e := newEnv(t)
+	e := newEnvWith(t, f.freeze && os.Getenv(envServer) != "")
 	t.Logf("%s: processes up in %v: %v", f.name, time.Since(began).Round(time.Millisecond), e)
 	before, err := scrape(e.httpAddr)
 	if err != nil {

@@ -40,6 +40,16 @@ type Options struct {
 	PingInterval time.Duration
 	// PingTimeout bounds one health ping while ready. Default 3s.
 	PingTimeout time.Duration
+	// OutageSilence: while ready, a health ping that times out declares an
+	// outage only once nothing has come from the server (a ping's answer,
+	// another call's answer, a message on a stream) for this long; until
+	// then the ping is asked again at once. A busy but slow server thus stays
+	// ready while a frozen one (nothing answers) is declared down within
+	// PingInterval + 2 x PingTimeout when OutageSilence is at most
+	// 2 x PingTimeout. A refused or broken connection is an outage at once.
+	// Default PingInterval + 1.5 x PingTimeout (a second consecutive timeout
+	// of an idle client).
+	OutageSilence time.Duration
 	// MinBackoff and MaxBackoff bound the exponential backoff between failed
 	// health pings. Defaults 100ms and 5s.
 	MinBackoff, MaxBackoff time.Duration
@@ -96,6 +106,7 @@ func (o *Options) setDefaults() error {
 	def(&o.DialTimeout, 5*time.Second)
 	def(&o.PingInterval, 5*time.Second)
 	def(&o.PingTimeout, 3*time.Second)
+	def(&o.OutageSilence, o.PingInterval+o.PingTimeout*3/2)
 	def(&o.MinBackoff, 100*time.Millisecond)
 	def(&o.MaxBackoff, 5*time.Second)
 	def(&o.CloseTimeout, 10*time.Second)
@@ -127,6 +138,7 @@ type Client struct {
 	wg     sync.WaitGroup // every goroutine the client starts (see goTracked)
 
 	ready    atomic.Bool
+	heard    atomic.Int64  // unix nanos of the last answer or stream message from the server (hear)
 	kick     chan struct{} // wakes the health loop early (cap 1)
 	notifyMu sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
 	stateMu  sync.Mutex    // guards hooks, readyCh, closed
@@ -444,13 +456,17 @@ func (c *Client) observe(err error) error {
 	return err
 }
 
+// hear records that the server answered something just now: a live
+// server, however slow its health pings (see Options.OutageSilence).
+func (c *Client) hear() { c.heard.Store(time.Now().UnixNano()) }
+
+// silence is how long the server has said nothing.
+func (c *Client) silence() time.Duration {
+	return time.Duration(time.Now().UnixNano() - c.heard.Load())
+}
+
 func (c *Client) healthLoop() {
 	backoff := c.opts.MinBackoff
-	// timeouts counts consecutive ping timeouts while ready: one slow ping
-	// on a CPU-starved machine is asked again at once before the backend is
-	// declared down (which drops every lease); a refused or broken
-	// connection is an outage at once.
-	timeouts := 0
 	for {
 		timeout := c.opts.PingTimeout
 		if !c.ready.Load() {
@@ -464,16 +480,17 @@ func (c *Client) healthLoop() {
 		}
 		var wait time.Duration
 		if err == nil {
-			timeouts = 0
 			c.setReady(true)
 			backoff = c.opts.MinBackoff
 			wait = c.opts.PingInterval
-		} else if c.ready.Load() && errors.Is(err, ErrTimeout) && timeouts == 0 {
-			timeouts++
-			c.log.Warn("kubemq health ping timed out; asking again before declaring an outage", zap.Error(err))
+		} else if silent := c.silence(); c.ready.Load() && errors.Is(err, ErrTimeout) && silent < c.opts.OutageSilence {
+			// A slow ping on a CPU-starved machine, or behind a burst of
+			// traffic, is asked again at once: declaring the backend down
+			// drops every lease.
+			c.log.Warn("kubemq health ping timed out; asking again before declaring an outage", zap.Error(err),
+				zap.Duration("server_silent_for", silent))
 			continue
 		} else {
-			timeouts = 0
 			if c.ready.Load() {
 				c.log.Warn("kubemq health ping failed", zap.Error(err))
 			}
@@ -560,6 +577,7 @@ func (c *Client) Ping(ctx context.Context) (PingInfo, error) {
 		t.end(OpPing, err)
 		return PingInfo{}, err
 	}
+	c.hear()
 	t.end(OpPing, nil)
 	return PingInfo{
 		Host:      r.GetHost(),

@@ -478,6 +478,7 @@ func (d *Downstream) read() {
 			d.fail(err)
 			return
 		}
+		d.c.hear()
 		d.handle(resp)
 	}
 }

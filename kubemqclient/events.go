@@ -346,6 +346,7 @@ func (p *pubLane) read(g *pubGen) {
 			g.fail(p.c.observe(wrapErr("PublishEvents", err)))
 			return
 		}
+		p.c.hear()
 		id := r.GetEventID()
 		g.mu.Lock()
 		ref, ok := g.pending[id]

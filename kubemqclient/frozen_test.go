@@ -5,11 +5,15 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	kc "github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -197,5 +201,60 @@ func TestFrozenServerFailsFast(t *testing.T) {
 	}
 	if _, err := c.PublishEvent(ctx, kc.Event{Channel: ev, Body: body(3)}); err != nil {
 		t.Errorf("PublishEvent after the thaw: %v", err)
+	}
+}
+
+// TestSlowPingsWithTrafficStayReady: health pings that time out do not
+// declare an outage while other calls get answers (a busy or CPU-starved
+// server, not a frozen one); once the traffic stops, the silence does.
+func TestSlowPingsWithTrafficStayReady(t *testing.T) {
+	var stall atomic.Bool
+	stallPings := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if stall.Load() && strings.HasSuffix(method, "/Ping") {
+			<-ctx.Done() // a ping that never comes back in time
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	c, err := kc.Dial(context.Background(), kc.Options{Address: kubemqtest.Address(t), Logger: zaptest.NewLogger(t),
+		PingInterval: 100 * time.Millisecond, PingTimeout: 200 * time.Millisecond, OutageSilence: time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(stallPings)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := timeout(t, 60*time.Second)
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := fresh(t, "q")
+	var downs atomic.Int32
+	defer c.OnStateChange(func(up bool) {
+		if !up {
+			downs.Add(1)
+		}
+	})()
+	stall.Store(true)
+	// Traffic answered every 20 ms, through about 15 ping timeouts.
+	for i := 0; i < 150; i++ {
+		if _, err := c.SendQueueMessage(ctx, kc.QueueMessage{Channel: q, Body: body(i)}); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := downs.Load(); n != 0 || !c.Ready() {
+		t.Fatalf("declared down %d times while the server answered traffic", n)
+	}
+	// No traffic: the pings alone speak, and they time out.
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ready() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c.Ready() {
+		t.Fatal("still ready with every ping timing out and no traffic")
+	}
+	stall.Store(false)
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

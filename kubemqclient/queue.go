@@ -36,6 +36,7 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 		t.end(OpSendQueue, err)
 		return SendResult{}, err
 	}
+	c.hear()
 	sr := sendResultFromPB(op, r)
 	t.end(OpSendQueue, sr.Err)
 	return sr, sr.Err
@@ -70,6 +71,7 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 		t.end(OpSendQueueBatch, err)
 		return nil, err
 	}
+	c.hear()
 	rs, err := c.sendResults(op, len(msgs), r.GetResults())
 	endBatch(t, OpSendQueueBatch, rs, err)
 	return rs, err

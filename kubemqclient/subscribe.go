@@ -247,6 +247,7 @@ func (s *EventsSubscription) pump(stream grpc.ServerStreamingClient[kubemqpb.Eve
 		if err != nil {
 			return got, s.c.observe(wrapErr("EventsSubscription", err))
 		}
+		s.c.hear()
 		got = true
 		// After a resume at last+1 nothing older may come again.
 		if s.opts.Group == "" && *last > 0 && e.GetSequence() <= *last {

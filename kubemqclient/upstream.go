@@ -89,6 +89,7 @@ func (u *Upstream) read(g *upGen) {
 			g.fail(u.c.observe(wrapErr("Upstream", err)))
 			return
 		}
+		u.c.hear()
 		g.mu.Lock()
 		ch, ok := g.pending[resp.GetRefRequestID()]
 		delete(g.pending, resp.GetRefRequestID())

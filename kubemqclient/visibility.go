@@ -122,6 +122,7 @@ func (v *VisibleMessage) read() {
 			}
 			return
 		}
+		v.c.hear()
 		select {
 		case v.resps <- r:
 		case <-v.ctx.Done():

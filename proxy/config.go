@@ -123,12 +123,15 @@ type KubeMQConfig struct {
 }
 
 // HealthPings derives the client's health ping schedule from OutageDetection:
-// the longest a silent server goes unnoticed is one interval plus two timed-out
-// pings (the first timeout is asked again before the outage is declared), a
-// twelfth of the bound short of it. While down, pings back off up to the bound.
-func (k *KubeMQConfig) HealthPings() (interval, timeout, maxBackoff time.Duration) {
+// a ping every quarter of it with a third of it as its deadline; a timed-out
+// ping declares the outage once the server has sent nothing at all (no ping
+// answer, no other answer or stream message) for 0.6 of it, so the longest a
+// silent server goes unnoticed is one interval plus two timed-out pings, a
+// twelfth of the bound short of it, while a server that is slow but answers
+// traffic stays ready. While down, pings back off up to the bound.
+func (k *KubeMQConfig) HealthPings() (interval, timeout, silence, maxBackoff time.Duration) {
 	d := k.OutageDetection
-	return d / 4, d / 3, max(d, time.Second)
+	return d / 4, d / 3, d * 6 / 10, max(d, time.Second)
 }
 
 // EmbeddedConfig configures the in-process KubeMQ-compatible server.

@@ -200,7 +200,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 
 	copts := kubemqclient.Options{Address: address, ClientID: p.cfg.KubeMQ.ClientID, AuthToken: p.cfg.KubeMQ.AuthToken, Logger: p.log.Named("kubemq"),
 		Observe: BackendObserver(p.metrics)}
-	copts.PingInterval, copts.PingTimeout, copts.MaxBackoff = p.cfg.KubeMQ.HealthPings()
+	copts.PingInterval, copts.PingTimeout, copts.OutageSilence, copts.MaxBackoff = p.cfg.KubeMQ.HealthPings()
 	if p.embedded != nil {
 		// The proxy's own client calls the embedded server's handlers in
 		// this process (embedded.Server.Channel: the same gRPC service

@@ -57,10 +57,10 @@ func StartEmbeddedSidePort(cfg Config, srv *embedded.Server, log *zap.Logger) (*
 	if cfg.HTTP.Listen == "" {
 		return nil, nil
 	}
-	interval, timeout, backoff := cfg.KubeMQ.HealthPings()
+	interval, timeout, silence, backoff := cfg.KubeMQ.HealthPings()
 	c, err := kubemqclient.Dial(context.Background(), kubemqclient.Options{Address: "embedded", Conn: srv.Channel(),
 		ClientID: "kubemq-proxy-embedded-health", Logger: log.Named("health"),
-		PingInterval: interval, PingTimeout: timeout, MaxBackoff: backoff})
+		PingInterval: interval, PingTimeout: timeout, OutageSilence: silence, MaxBackoff: backoff})
 	if err != nil {
 		return nil, err
 	}

@@ -282,9 +282,18 @@ func startProbes(t *testing.T, e *env) *probes {
 	return p
 }
 
-func (p *probes) Stop() {
+// Stop ends the probes; a probe still blocked after 40 s (a Pub/Sub publish
+// has a 30 s deadline; an AMQP publish cannot be cancelled once written) is
+// reported and left behind.
+func (p *probes) Stop(t *testing.T) {
 	close(p.stop)
-	p.wg.Wait()
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(40 * time.Second):
+		t.Errorf("probe publishes still blocked 40s after the probes stopped")
+	}
 }
 
 // between returns the probe publishes sent in [from, to).
@@ -365,7 +374,7 @@ func injectFrozen(t *testing.T, r *run) time.Time {
 		}
 		p.mu.Unlock()
 	}
-	p.Stop()
+	p.Stop(t)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -411,7 +411,9 @@ func (p *publisher) run(in chan pubItem) {
 
 // send stores one batch; items[i] is batch[i]'s item.
 func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items []pubItem) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// FailFast: a KubeMQ that stops answering fails the batch (basic.nack to
+	// confirming publishers) when the outage is detected, not after 30 s.
+	ctx, cancel := context.WithTimeout(kubemqclient.FailFast(context.Background()), 30*time.Second)
 	if auth.set {
 		ctx = kubemqclient.WithToken(ctx, auth.token)
 	}

@@ -47,7 +47,10 @@ func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (
 			return nil, err
 		}
 	}
-	ids, err := s.publish(ctx, t, req.GetMessages())
+	// FailFast: a KubeMQ that stops answering fails the publish with
+	// UNAVAILABLE when the outage is detected (kubemq.outage_detection)
+	// rather than at the client's deadline; the client retries.
+	ids, err := s.publish(kubemqclient.FailFast(ctx), t, req.GetMessages())
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -525,18 +525,32 @@ func outageErr(op string) *Error {
 	return &Error{Op: op, GRPC: codes.Unavailable, Msg: "not ready: " + errOutage.Error(), kind: ErrUnavailable, Retryable: true, cause: errOutage}
 }
 
-// boundToReadiness makes a publishing call fail fast during an outage
-// instead of waiting for its deadline on a server that stopped answering (a
-// frozen process or a partition keeps the TCP connection open): while the
-// client is not ready after having been ready, it returns outageErr at
-// once; while it is ready, the returned context ends when readiness is
-// lost (within Options.PingInterval + 2 x PingTimeout of the server's last
-// answer), and settle maps the call's error to outageErr then. Before the
-// first successful ping calls are not bound, so a caller that starts
-// before the connection does waits as before. The result is unknown to
-// the caller either way: the server may still store what it was sent
-// (at-least-once, as for any failed call).
+type failFastKey struct{}
+
+// FailFast marks ctx so that the publishing calls made with it
+// (PublishEvents, SendQueueMessage, SendQueueMessages) fail fast with a
+// retryable ErrUnavailable during an outage instead of waiting for their
+// deadline on a server that stopped answering (a frozen process or a
+// partition keeps the TCP connection open): at once while the client is not
+// ready after having been ready, and when readiness is lost while the call
+// is in flight (within PingInterval + 2 x PingTimeout of the server's last
+// word). The server may still store what such a call sent, after the
+// outage: use it where the caller's retry is a new message (a client's
+// publish, at-least-once), not where a retry reuses a MessageID that must
+// not be stored twice (lease records).
+func FailFast(ctx context.Context) context.Context {
+	return context.WithValue(ctx, failFastKey{}, true)
+}
+
+// boundToReadiness applies FailFast to one call: it returns outageErr during
+// an outage, else a context that ends (cause errOutage) when readiness is
+// lost; settleOutage maps the call's error then. Calls without FailFast, and
+// every call before the first successful ping (a caller that starts before
+// the connection waits as before), are not bound.
 func (c *Client) boundToReadiness(op string, ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if ctx.Value(failFastKey{}) == nil {
+		return ctx, func() {}, nil
+	}
 	c.stateMu.Lock()
 	up := c.upCtx
 	c.stateMu.Unlock()

@@ -28,9 +28,9 @@ func (c *Client) PublishEvent(ctx context.Context, e Event) (PublishResult, erro
 // and a stream broken before the event was answered (retryable), are in the
 // results, one per event in order (see FirstError). If ctx ends first the
 // call returns at once, but the events may still be written: do not modify
-// their Body or Tags afterwards. The same holds when the client loses
-// readiness meanwhile: the call then fails with ErrUnavailable at once (see
-// boundToReadiness), as it does when called during an outage.
+// their Body or Tags afterwards. The same holds for a FailFast ctx when the
+// client loses readiness meanwhile: the call then fails with ErrUnavailable,
+// as it does at once when called during an outage.
 func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishResult, error) {
 	const op = "PublishEvents"
 	if c.isClosed() {

@@ -123,8 +123,9 @@ func (r *freezeRelay) pipe(dst, src net.Conn) {
 
 // TestFrozenServerFailsFast freezes the link to a server: readiness drops
 // within the health loop's bound (PingInterval + 2 x PingTimeout),
-// publishing calls in flight fail then with ErrUnavailable (not at their
-// own deadline), new ones fail at once, and after the thaw the client is
+// publishing calls with a FailFast ctx in flight fail then with
+// ErrUnavailable (not at their own deadline), new ones fail at once, a call
+// without FailFast waits for the server, and after the thaw the client is
 // ready again and publishes.
 func TestFrozenServerFailsFast(t *testing.T) {
 	target := kubemqtest.Address(t)
@@ -140,7 +141,7 @@ func TestFrozenServerFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	q, ev := fresh(t, "q"), fresh(t, "es")
-	ctx := timeout(t, 60*time.Second)
+	ctx := kc.FailFast(timeout(t, 60*time.Second))
 	if _, err := c.SendQueueMessage(ctx, kc.QueueMessage{Channel: q, Body: body(0)}); err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +181,13 @@ func TestFrozenServerFailsFast(t *testing.T) {
 	if c.Ready() {
 		t.Error("still ready after the in-flight calls failed")
 	}
+	// Without FailFast a call waits for the server as before: here until its
+	// own deadline.
+	plain, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	if _, err := c.SendQueueMessage(plain, kc.QueueMessage{Channel: q, Body: body(9)}); !errors.Is(err, kc.ErrTimeout) {
+		t.Errorf("SendQueueMessage without FailFast during the outage: %v, want its own deadline", err)
+	}
+	cancel()
 	// During the outage: at once, before anything is sent.
 	start := time.Now()
 	if _, err := c.SendQueueMessages(ctx, []kc.QueueMessage{{Channel: q, Body: body(4)}}); !errors.Is(err, kc.ErrUnavailable) {

@@ -12,9 +12,9 @@ import (
 
 // SendQueueMessage stores one message (synchronously: the server answers
 // after the store's acknowledgement). A server-side refusal is returned as
-// the error and in the result. During an outage it fails at once with
-// ErrUnavailable, and a call in flight when readiness is lost fails then
-// (boundToReadiness); the message may have been stored all the same.
+// the error and in the result. With a FailFast ctx it fails at once with
+// ErrUnavailable during an outage, and in flight when readiness is lost; the
+// message may be stored all the same.
 func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResult, error) {
 	const op = "SendQueueMessage"
 	if c.isClosed() {
@@ -46,7 +46,7 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 // messages may go to different queues). The whole batch is validated before
 // anything is sent. The error is for the call as a whole; per-message
 // refusals are in the results, one per message in order (see FirstError).
-// Outages fail it fast, as SendQueueMessage.
+// A FailFast ctx makes outages fail it fast, as SendQueueMessage.
 func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]SendResult, error) {
 	const op = "SendQueueMessages"
 	if c.isClosed() {

@@ -115,23 +115,23 @@ type KubeMQConfig struct {
 	// ServerName overrides the TLS server name.
 	ServerName string `mapstructure:"server_name"`
 	// OutageDetection bounds how long a KubeMQ that stops answering (a frozen
-	// process, a partition: the TCP connection stays open) goes unnoticed: the
-	// health ping runs every quarter of it with a third of it as its deadline,
-	// and two missed pings in a row declare the outage (readiness off,
-	// publishes in flight fail with UNAVAILABLE / basic.nack, new ones at once).
+	// process, a partition: the TCP connection stays open) goes unnoticed
+	// (HealthPings); then readiness is off and publishes in flight fail with
+	// UNAVAILABLE / basic.nack, new ones at once.
 	OutageDetection time.Duration `mapstructure:"outage_detection"`
 }
 
 // HealthPings derives the client's health ping schedule from OutageDetection:
-// a ping every quarter of it with a third of it as its deadline; a timed-out
-// ping declares the outage once the server has sent nothing at all (no ping
-// answer, no other answer or stream message) for 0.6 of it, so the longest a
-// silent server goes unnoticed is one interval plus two timed-out pings, a
-// twelfth of the bound short of it, while a server that is slow but answers
+// a ping every fifth of it with three tenths of it as its deadline; a
+// timed-out ping declares the outage once the server has sent nothing at all
+// (no ping answer, no other answer or stream message) for 0.55 of it. A
+// silent server is thus noticed after one interval plus two timed-out pings,
+// 0.8 of the bound (the rest is slack for a loaded machine), while an idle
+// client asks a slow first ping again and a server that is slow but answers
 // traffic stays ready. While down, pings back off up to the bound.
 func (k *KubeMQConfig) HealthPings() (interval, timeout, silence, maxBackoff time.Duration) {
 	d := k.OutageDetection
-	return d / 4, d / 3, d * 6 / 10, max(d, time.Second)
+	return d / 5, d * 3 / 10, d * 11 / 20, max(d, time.Second)
 }
 
 // EmbeddedConfig configures the in-process KubeMQ-compatible server.

@@ -24,7 +24,12 @@
 //
 // Dial never blocks. A health loop pings the server (with backoff while it
 // is down); any call that meets an unavailable server makes it ping at once.
-// Ready, WaitReady, StateChanges and OnStateChange expose the result.
+// A timed-out ping declares an outage only once the server has sent nothing
+// for Options.OutageSilence, so a frozen server (connection open, nothing
+// answers) is found within PingInterval + 2 x PingTimeout and a slow one with
+// traffic is not. Ready, WaitReady, StateChanges and OnStateChange expose the
+// result; publishing calls with a FailFast context fail with ErrUnavailable
+// when readiness is lost instead of waiting for their deadline.
 //
 // # Queue delivery
 //

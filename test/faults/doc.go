@@ -50,8 +50,8 @@
 //
 //	go test ./test/faults/ -run Faults -v
 //
-// The default run (the four faults, two at a time, each about 30-70 s)
-// takes about two and a half minutes and is part of `go test -race ./...`;
+// The default run (the six faults, two at a time, each about 30-90 s)
+// takes about four minutes and is part of `go test -race ./...`;
 // -short skips it. The proxy binary is built with -race when the tests
 // are, and a race report, panic or fatal error in any process fails the
 // run. Knobs (environment):

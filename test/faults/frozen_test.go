@@ -389,25 +389,34 @@ func injectFrozen(t *testing.T, r *run) time.Time {
 	}
 	psInflight, psInflightMax := latencies(between(p.ps, frozeAt, detected))
 	psAfter, psAfterMax := latencies(between(p.ps, detected, thawAt))
-	// AMQP: every publish in flight when the outage was detected got a
+	// AMQP: every publish in flight when the outage was declared got a
 	// basic.nack (not merely the connection's close) before the 320 close.
-	amInflightRs := between(p.am, frozeAt, detected)
+	// The proxy declared it no later than its first refusal of a probe (the
+	// /readyz poll may see it later on a loaded machine): probes sent before
+	// that were in flight then.
+	declared := detected
+	for _, r := range append(append([]*probeResult(nil), p.ps...), p.am...) {
+		if !r.done.IsZero() && r.outcome != "ok" && r.outcome != "ack" && r.outcome != "closed" && r.done.Before(declared) && r.done.After(frozeAt) {
+			declared = r.done
+		}
+	}
+	amInflightRs := between(p.am, frozeAt, declared)
 	for _, ar := range amInflightRs {
 		if ar.outcome != "nack" {
 			t.Errorf("amqp probe sent %v after SIGSTOP: %s, want basic.nack", ar.sent.Sub(frozeAt).Round(time.Millisecond), ar.outcome)
 		}
 	}
 	if len(amInflightRs) == 0 {
-		t.Errorf("no AMQP probe publish was in flight when the outage was detected")
+		t.Errorf("no AMQP probe publish was in flight when the outage was declared")
 	}
 	amInflight, amInflightMax := latencies(amInflightRs)
-	amAfter, amAfterMax := latencies(between(p.am, detected, thawAt))
+	amAfter, amAfterMax := latencies(between(p.am, declared, thawAt))
 	closedAfter := "no close"
 	if !p.amClosed.IsZero() {
 		closedAfter = fmt.Sprintf("%v (%s)", p.amClosed.Sub(frozeAt).Round(time.Millisecond), p.amReason)
 	}
-	addStats("BackendFrozen      backend %s SIGSTOPped %v: /readyz 503 after %v; pubsub publishes in flight then: %s, answered within %v; sent after detection: %s, within %v | amqp in flight: %s within %v; after detection: %s within %v; probe connection closed after %v | SIGCONT: /readyz 200 after %v, first pubsub publish ok %v after",
-		backendKind(e), frozenFor, down.Round(time.Millisecond), psInflight, psInflightMax, psAfter, psAfterMax, amInflight, amInflightMax, amAfter, amAfterMax, closedAfter,
+	addStats("BackendFrozen      backend %s SIGSTOPped %v: first publish refused after %v, /readyz 503 seen after %v; pubsub publishes in flight then: %s, answered within %v; sent after detection: %s, within %v | amqp in flight: %s within %v; after: %s within %v; probe connection closed after %v | SIGCONT: /readyz 200 after %v, first pubsub publish ok %v after",
+		backendKind(e), frozenFor, declared.Sub(frozeAt).Round(time.Millisecond), down.Round(time.Millisecond), psInflight, psInflightMax, psAfter, psAfterMax, amInflight, amInflightMax, amAfter, amAfterMax, closedAfter,
 		up.Round(time.Millisecond), firstOK.Round(time.Millisecond))
 	return thawAt
 }

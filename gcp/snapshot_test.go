@@ -20,6 +20,9 @@ import (
 
 	pubsubv1 "cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 // snapTarget is one server the snapshot script runs against: the proxy or
@@ -401,4 +404,97 @@ func TestSnapshotScriptEmulator(t *testing.T) {
 	s := newSnapTarget(t, addr, "proj-"+suffix, suffix)
 	s.run()
 	checkSnapshotScript(t, "emulator", s)
+}
+
+// TestSnapshotOrderReplicasRestart: a seek to a snapshot delivers in
+// publish order; messages published while a seek runs all arrive; the
+// snapshot is seen by another replica and survives a restart; a backlog
+// too old for a snapshot is refused and left as it was.
+func TestSnapshotOrderReplicasRestart(t *testing.T) {
+	e := startEnv(t)
+	ctx := ctxT(t, 3*time.Minute)
+	tid, sid := e.id("t"), e.id("s")
+	e.createTopic(ctx, tid)
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid)})
+	s := newSnapTarget(t, e.addr, e.project, e.suffix)
+	var first []string
+	for i := range 40 {
+		first = append(first, fmt.Sprintf("a%02d", i))
+	}
+	s.publish("t", first...)
+	snap := s.snap("s")
+	if _, err := s.sc.CreateSnapshot(ctx, &pubsubpb.CreateSnapshotRequest{Name: snap, Subscription: s.sub("s")}); err != nil {
+		t.Fatal(err)
+	}
+	// The capture left the backlog as it was, in order.
+	if got := s.drain("s", time.Second); strings.Join(got, ",") != strings.Join(first, ",") {
+		t.Fatalf("after the snapshot: %v, want %v", got, first)
+	}
+	s.publish("t", "b0", "b1")
+	s.drain("s", time.Second)
+
+	// Seek while publishing: everything published after the snapshot
+	// arrives, the seek's replay and the new copies alike.
+	published := make(chan []string, 1)
+	go func() {
+		var names []string
+		for i := range 30 {
+			n := fmt.Sprintf("p%02d", i)
+			if _, err := s.pc.Publish(ctx, &pubsubpb.PublishRequest{Topic: s.topic("t"), Messages: []*pubsubpb.PubsubMessage{{Data: []byte(n)}}}); err != nil {
+				t.Error(err)
+				break
+			}
+			names = append(names, n)
+			time.Sleep(10 * time.Millisecond)
+		}
+		published <- names
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := s.seek("s", "s"); err != nil {
+		t.Fatal(err)
+	}
+	ps := <-published
+	got := s.drain("s", 2*time.Second)
+	want := append(append(slices.Clone(first), "b0", "b1"), ps...)
+	if sortedStr(got) != sortedStr(want) {
+		t.Fatalf("after a seek while publishing: %v, want %v", got, want)
+	}
+	// The replay is in publish order: the snapshot's messages first.
+	if strings.Join(got[:len(first)], ",") != strings.Join(first, ",") {
+		t.Fatalf("replay out of order: %v", got)
+	}
+
+	// Another replica sees it, and so does a restarted process.
+	addr2, _, stop2 := e.startReplica()
+	defer stop2()
+	s2 := newSnapTarget(t, addr2, e.project, e.suffix)
+	if _, err := s2.sc.GetSnapshot(ctx, &pubsubpb.GetSnapshotRequest{Snapshot: snap}); err != nil {
+		t.Fatalf("replica: %v", err)
+	}
+	stop2()
+	e.stop()
+	e.addr, e.srv, e.stop = e.startReplica()
+	s = newSnapTarget(t, e.addr, e.project, e.suffix)
+	if err := s.seek("s", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.drain("s", 2*time.Second); sortedStr(got) != sortedStr(want) {
+		t.Fatalf("after a restart: %v, want %v", got, want)
+	}
+
+	// A message published 7 days ago (written natively with that publish
+	// time) makes the snapshot expire within the hour: refused, and the
+	// backlog is kept.
+	e2 := e.id("old")
+	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(e2), Topic: e.topicName(tid)})
+	old := time.Now().Add(-7*24*time.Hour + 30*time.Minute).UTC().Format(time.RFC3339Nano)
+	if _, err := e.kc.SendQueueMessage(ctx, kubemqclient.QueueMessage{Channel: kubemqclient.Channel("gcp.sub", e2), Metadata: "pubsub",
+		Body: []byte("old"), Tags: map[string]string{gcp.TagMessageID: "1", gcp.TagPublishTime: old, gcp.TagOrderingKey: ""}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.sc.CreateSnapshot(ctx, &pubsubpb.CreateSnapshotRequest{Name: s.snap("old"), Subscription: s.sub("old")})
+	wantCode(t, err, codes.FailedPrecondition, "too old")
+	if got := s.drain("old", time.Second); strings.Join(got, ",") != "old" {
+		t.Fatalf("backlog after a refused snapshot: %v", got)
+	}
 }

@@ -38,8 +38,8 @@ func invalidAckIDs(t *testing.T, err error) map[string]string {
 // TestExactlyOnceAckIDs: on an exactly-once subscription an ack or modack
 // of an id that settles nothing (already acked, unknown, past its
 // deadline) fails for that id alone with PERMANENT_FAILURE_INVALID_ACK_ID;
-// the valid ids of the request are applied. At-least-once subscriptions
-// keep answering OK.
+// the valid ids of the request are applied; a seek makes acked messages
+// deliverable again. At-least-once subscriptions keep answering OK.
 func TestExactlyOnceAckIDs(t *testing.T) {
 	e := startEnv(t)
 	ctx := ctxT(t, 2*time.Minute)
@@ -47,6 +47,7 @@ func TestExactlyOnceAckIDs(t *testing.T) {
 	e.createTopic(ctx, tid)
 	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(sid), Topic: e.topicName(tid), AckDeadlineSeconds: 30, EnableExactlyOnceDelivery: true})
 	e.createSub(ctx, &pubsubpb.Subscription{Name: e.subName(plain), Topic: e.topicName(tid)})
+	t0 := time.Now()
 	publishN(t, ctx, e.v2(), tid, 3, "")
 	sc := rawSubscriber(t, e)
 	var got []*pubsubpb.ReceivedMessage
@@ -90,6 +91,19 @@ func TestExactlyOnceAckIDs(t *testing.T) {
 	}
 	if md := invalidAckIDs(t, ack(again[0].AckId)); md != nil {
 		t.Fatal(md)
+	}
+	// A seek brings acked messages back, exactly-once or not.
+	if err := seekTo(ctx, e, sid, t0); err != nil {
+		t.Fatal(err)
+	}
+	back := map[string]bool{}
+	for len(back) < 3 {
+		for _, m := range pull(t, ctx, sc, e.subName(sid), 10) {
+			back[m.Message.MessageId] = true
+			if md := invalidAckIDs(t, ack(m.AckId)); md != nil {
+				t.Fatal(md)
+			}
+		}
 	}
 	// A subscription without exactly-once: stale ids are a no-op.
 	if _, err := sc.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: e.subName(plain), AckIds: []string{"bogus.1"}}); err != nil {

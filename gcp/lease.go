@@ -164,6 +164,7 @@ type subRuntime struct {
 	timer    *time.Timer
 	wake     chan struct{} // cap 1: the earliest deadline moved
 	fetchSem chan struct{} // cap 1: ordered: the one fetch taking from the engine
+	eod      eodAcks       // exactly-once: message ids acked lately (eod.go)
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -270,6 +271,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			}
 		}
 		ordered := e.proto.GetEnableMessageOrdering()
+		if err := r.loadAcked(ctx, e); err != nil { // exactly-once (eod.go)
+			return nil, err
+		}
 		if ordered {
 			// One fetch at a time takes an ordered subscription's messages
 			// from the engine and files them: two fetches filing their
@@ -303,6 +307,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		}
 		ds, err := r.h.Fetch(fctx, room)
 		cancel()
+		if err == nil {
+			ds = r.dropAcked(e, ds) // exactly-once (eod.go)
+		}
 		if err != nil {
 			release()
 			if ctx.Err() != nil {
@@ -572,8 +579,9 @@ func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
 func (r *subRuntime) ack(ids []string) { r.settleAcks(ids, false) }
 
 // settleAcks is ack; strict (exactly-once, eod.go) also refuses leases
-// whose deadline has passed, and reports the ids that settled nothing.
-func (r *subRuntime) settleAcks(ids []string, strict bool) (missed []string) {
+// whose deadline has passed, and reports the ids that settled nothing and
+// the message ids of those acked.
+func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, msgIDs []string) {
 	settled := make([]string, 0, len(ids))
 	acked := 0
 	now := time.Now()
@@ -587,6 +595,9 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed []string) {
 			continue
 		}
 		acked++
+		if strict {
+			msgIDs = append(msgIDs, pubsubID(l.d))
+		}
 		var ks *keyState
 		if l.key != "" {
 			ks = r.keys[l.key]
@@ -612,7 +623,7 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed []string) {
 	if acked > 0 {
 		r.acked.Add(float64(acked))
 	}
-	return missed
+	return missed, msgIDs
 }
 
 // settleAckedHeadLocked forgets the acked messages at the head of a key's

@@ -112,6 +112,9 @@ func (s *Server) seekReplay(ctx context.Context, e *subEntry, target time.Time, 
 		s.log.Warn("seek: the subscription's queue is still in use here; messages it buffered may be delivered after the seek",
 			zap.String("subscription", e.id))
 	}
+	if err := s.resetAcked(ctx, e); err != nil { // exactly-once (eod.go)
+		return 0, err
+	}
 	if err := s.be.purge(ctx, e.queue); err != nil {
 		return 0, err
 	}

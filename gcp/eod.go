@@ -112,23 +112,27 @@ func eodAckChannel(e *subEntry) string { return kubemqclient.Channel(eodAckPrefi
 // eodAcks is a runtime's set of acked message ids (guarded by its mu
 // field; load runs once, callers wait for it).
 type eodAcks struct {
-	loadMu sync.Mutex // serialises loads
-	loaded bool       // guarded by loadMu
-	mu     sync.Mutex // guards ids, adds
-	ids    map[string]time.Time
+	loadMu sync.Mutex           // serialises loads
+	loaded bool                 // guarded by loadMu
+	mu     sync.Mutex           // guards ids, adds
+	ids    map[string]time.Time // message id -> when its ack was heard
 	adds   int
 }
 
-func (a *eodAcks) add(now time.Time, ids ...string) {
+// add records acks, each "{ack id} {message id}".
+func (a *eodAcks) add(now time.Time, lines ...string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ids == nil {
 		a.ids = map[string]time.Time{}
 	}
-	for _, id := range ids {
-		a.ids[id] = now
+	for _, line := range lines {
+		// The ack id is kept in the log for diagnosis only.
+		if _, msg, ok := strings.Cut(line, " "); ok && msg != "" {
+			a.ids[msg] = now
+		}
 	}
-	if a.adds += len(ids); a.adds >= 10_000 {
+	if a.adds += len(lines); a.adds >= 10_000 {
 		a.adds = 0
 		for id, t := range a.ids {
 			if now.Sub(t) > eodWindow {

@@ -579,11 +579,11 @@ func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
 func (r *subRuntime) ack(ids []string) { r.settleAcks(ids, false) }
 
 // settleAcks is ack; strict (exactly-once, eod.go) also refuses leases
-// whose deadline has passed, and reports the ids that settled nothing and
-// the message ids of those acked.
-func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, msgIDs []string) {
+// whose deadline has passed, and reports the ids that settled nothing and,
+// for those acked, "{ack id} {message id}".
+func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []string) {
 	settled := make([]string, 0, len(ids))
-	acked := 0
+	n := 0
 	now := time.Now()
 	r.mu.Lock()
 	for _, id := range ids {
@@ -594,9 +594,9 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, msgIDs []str
 			}
 			continue
 		}
-		acked++
+		n++
 		if strict {
-			msgIDs = append(msgIDs, pubsubID(l.d))
+			acked = append(acked, id+" "+pubsubID(l.d))
 		}
 		var ks *keyState
 		if l.key != "" {
@@ -620,10 +620,10 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, msgIDs []str
 	if len(settled) > 0 {
 		r.h.Ack(settled...)
 	}
-	if acked > 0 {
-		r.acked.Add(float64(acked))
+	if n > 0 {
+		r.acked.Add(float64(n))
 	}
-	return missed, msgIDs
+	return missed, acked
 }
 
 // settleAckedHeadLocked forgets the acked messages at the head of a key's

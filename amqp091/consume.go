@@ -75,7 +75,9 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 		}
 	}
 	if m.Queue == replyToQueue {
-		return wire.NotImplemented("direct reply-to (%s) is not supported", replyToQueue)
+		// RabbitMQ keeps the reply consumer apart from the channel's
+		// consumers: its tag does not count as in use by them.
+		return ch.consumeReplyTo(m)
 	}
 	q, err := ch.queueFor(m.Queue)
 	if err != nil {
@@ -167,6 +169,12 @@ func consumerPriority(args wire.Table, queue, vhost string) (int64, error) {
 }
 
 func (ch *channel) cancel(m *wire.BasicCancel) error {
+	if ch.cancelReplyTo(m.ConsumerTag) {
+		if !m.NoWait {
+			ch.send(&wire.BasicCancelOk{ConsumerTag: m.ConsumerTag})
+		}
+		return nil
+	}
 	if cs := ch.consumers[m.ConsumerTag]; cs != nil {
 		delete(ch.consumers, m.ConsumerTag)
 		ch.stopConsumer(cs)

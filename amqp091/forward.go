@@ -37,6 +37,9 @@ type Peers interface {
 	Owner(queue string) (addr string, ok bool)
 	// Conn returns a connection to the replica at addr (its peer port).
 	Conn(addr string) (grpc.ClientConnInterface, error)
+	// Self returns this replica's own peer address ("" when it advertises
+	// none): direct reply-to names carry it so replies find their channel.
+	Self() string
 }
 
 // linkRetry is the pause between attempts to find a queue's holder.

@@ -996,6 +996,134 @@ func (x *QueueResponse) GetConsumers() uint32 {
 	return 0
 }
 
+type ReplyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                                 // the reply consumer's key (the name's last part)
+	RoutingKey    string                 `protobuf:"bytes,2,opt,name=routing_key,json=routingKey,proto3" json:"routing_key,omitempty"` // the whole reply name the message was published to
+	Metadata      string                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`                       // properties as message.go stores them
+	Tags          map[string]string      `protobuf:"bytes,4,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body          []byte                 `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	Probe         bool                   `protobuf:"varint,6,opt,name=probe,proto3" json:"probe,omitempty"` // only report whether the consumer is alive; deliver nothing
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyRequest) Reset() {
+	*x = ReplyRequest{}
+	mi := &file_peer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyRequest) ProtoMessage() {}
+
+func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
+func (*ReplyRequest) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetRoutingKey() string {
+	if x != nil {
+		return x.RoutingKey
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetMetadata() string {
+	if x != nil {
+		return x.Metadata
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
+}
+
+type ReplyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Alive         bool                   `protobuf:"varint,1,opt,name=alive,proto3" json:"alive,omitempty"` // the reply consumer exists (and, unless probe, got the message)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyResponse) Reset() {
+	*x = ReplyResponse{}
+	mi := &file_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyResponse) ProtoMessage() {}
+
+func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
+func (*ReplyResponse) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReplyResponse) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -1060,10 +1188,24 @@ const file_peer_proto_rawDesc = "" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
 	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +
-	"\tconsumers\x18\x03 \x01(\rR\tconsumers2\xbf\x01\n" +
+	"\tconsumers\x18\x03 \x01(\rR\tconsumers\"\x86\x02\n" +
+	"\fReplyRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
+	"\vrouting_key\x18\x02 \x01(\tR\n" +
+	"routingKey\x12\x1a\n" +
+	"\bmetadata\x18\x03 \x01(\tR\bmetadata\x12D\n" +
+	"\x04tags\x18\x04 \x03(\v20.kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntryR\x04tags\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x14\n" +
+	"\x05probe\x18\x06 \x01(\bR\x05probe\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"%\n" +
+	"\rReplyResponse\x12\x14\n" +
+	"\x05alive\x18\x01 \x01(\bR\x05alive2\x99\x02\n" +
 	"\bAMQPPeer\x12Y\n" +
 	"\x04Link\x12%.kubemqproxy.amqp.peer.v1.LinkRequest\x1a&.kubemqproxy.amqp.peer.v1.LinkResponse(\x010\x01\x12X\n" +
-	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
+	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponse\x12X\n" +
+	"\x05Reply\x12&.kubemqproxy.amqp.peer.v1.ReplyRequest\x1a'.kubemqproxy.amqp.peer.v1.ReplyResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
 
 var (
 	file_peer_proto_rawDescOnce sync.Once
@@ -1078,7 +1220,7 @@ func file_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_peer_proto_goTypes = []any{
 	(Settle_Op)(0),        // 0: kubemqproxy.amqp.peer.v1.Settle.Op
 	(QueueRequest_Op)(0),  // 1: kubemqproxy.amqp.peer.v1.QueueRequest.Op
@@ -1096,7 +1238,10 @@ var file_peer_proto_goTypes = []any{
 	(*Delivery)(nil),      // 13: kubemqproxy.amqp.peer.v1.Delivery
 	(*QueueRequest)(nil),  // 14: kubemqproxy.amqp.peer.v1.QueueRequest
 	(*QueueResponse)(nil), // 15: kubemqproxy.amqp.peer.v1.QueueResponse
-	nil,                   // 16: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	(*ReplyRequest)(nil),  // 16: kubemqproxy.amqp.peer.v1.ReplyRequest
+	(*ReplyResponse)(nil), // 17: kubemqproxy.amqp.peer.v1.ReplyResponse
+	nil,                   // 18: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	nil,                   // 19: kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
 }
 var file_peer_proto_depIdxs = []int32{
 	4,  // 0: kubemqproxy.amqp.peer.v1.LinkRequest.open:type_name -> kubemqproxy.amqp.peer.v1.Open
@@ -1110,18 +1255,21 @@ var file_peer_proto_depIdxs = []int32{
 	13, // 8: kubemqproxy.amqp.peer.v1.LinkResponse.delivery:type_name -> kubemqproxy.amqp.peer.v1.Delivery
 	11, // 9: kubemqproxy.amqp.peer.v1.LinkResponse.get_empty:type_name -> kubemqproxy.amqp.peer.v1.GetEmpty
 	12, // 10: kubemqproxy.amqp.peer.v1.LinkResponse.cancelled:type_name -> kubemqproxy.amqp.peer.v1.Cancelled
-	16, // 11: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	18, // 11: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
 	2,  // 12: kubemqproxy.amqp.peer.v1.QueueRequest.queue:type_name -> kubemqproxy.amqp.peer.v1.QueueRef
 	1,  // 13: kubemqproxy.amqp.peer.v1.QueueRequest.op:type_name -> kubemqproxy.amqp.peer.v1.QueueRequest.Op
-	3,  // 14: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
-	14, // 15: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
-	9,  // 16: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
-	15, // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
-	16, // [16:18] is the sub-list for method output_type
-	14, // [14:16] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	19, // 14: kubemqproxy.amqp.peer.v1.ReplyRequest.tags:type_name -> kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
+	3,  // 15: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
+	14, // 16: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
+	16, // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:input_type -> kubemqproxy.amqp.peer.v1.ReplyRequest
+	9,  // 18: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
+	15, // 19: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
+	17, // 20: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:output_type -> kubemqproxy.amqp.peer.v1.ReplyResponse
+	18, // [18:21] is the sub-list for method output_type
+	15, // [15:18] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1148,7 +1296,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

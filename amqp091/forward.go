@@ -185,6 +185,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		credit = max(creditFor(cs, 0), 0)
 		ch.dmu.Unlock()
 		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
+		open.SingleActive = q.singleActive
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer
 	stream, err := pc.Link(ctx)

@@ -308,3 +308,9 @@ func FuzzParseReplyName(f *testing.F) {
 		}
 	})
 }
+
+// TestPythonPikaDirectReplyTo: pika's RPC over direct reply-to.
+func TestPythonPikaDirectReplyTo(t *testing.T) {
+	py := pythonWithPika(t)
+	brokers(t, func(t *testing.T, e *env) { runClient(t, e, py, "pika_rpc.py") })
+}

@@ -319,7 +319,10 @@ type Open struct {
 	Priority    int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	// credit: deliveries the caller may take at once (more come as Credit),
 	// so the consumer has its share from the moment it is registered.
-	Credit        uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
+	Credit uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
+	// single_active: the queue has x-single-active-consumer (the holder may
+	// know the queue only as a stand-in, without its arguments).
+	SingleActive  bool `protobuf:"varint,7,opt,name=single_active,json=singleActive,proto3" json:"single_active,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -394,6 +397,13 @@ func (x *Open) GetCredit() uint32 {
 		return x.Credit
 	}
 	return 0
+}
+
+func (x *Open) GetSingleActive() bool {
+	if x != nil {
+		return x.SingleActive
+	}
+	return false
 }
 
 type Credit struct {
@@ -1140,14 +1150,15 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\xcf\x01\n" +
+	"\x04kind\"\xf4\x01\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
 	"\fconsumer_tag\x18\x03 \x01(\tR\vconsumerTag\x12\x1c\n" +
 	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
-	"\x06credit\x18\x06 \x01(\rR\x06credit\"\x1a\n" +
+	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
+	"\rsingle_active\x18\a \x01(\bR\fsingleActive\"\x1a\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\"m\n" +
 	"\x06Settle\x123\n" +

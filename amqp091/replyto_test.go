@@ -314,3 +314,59 @@ func TestPythonPikaDirectReplyTo(t *testing.T) {
 	py := pythonWithPika(t)
 	brokers(t, func(t *testing.T, e *env) { runClient(t, e, py, "pika_rpc.py") })
 }
+
+// BenchmarkDirectReplyTo: RPC over direct reply-to, a requester with up to
+// 64 requests outstanding and a responder (no-ack) on another connection,
+// replies counted at the requester; the proxy and RabbitMQ in the same run.
+func BenchmarkDirectReplyTo(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, req := benchDial(b, tg.url)
+			_, srv := benchDial(b, tg.url)
+			q := benchQueue(b, req, "rpc")
+			replies, err := req.Consume(replyToQueue, "", true, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := srv.Qos(256, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			reqs, err := srv.Consume(q, "", true, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				for d := range reqs {
+					if err := srv.Publish("", d.ReplyTo, false, false, amqp.Publishing{CorrelationId: d.CorrelationId, Body: d.Body}); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			body := make([]byte, 128)
+			const window = 64
+			b.ResetTimer()
+			start := time.Now()
+			sent, got := 0, 0
+			for got < b.N {
+				for sent < b.N && sent-got < window {
+					if err := req.Publish("", q, false, false, amqp.Publishing{ReplyTo: replyToQueue, CorrelationId: "c", Body: body}); err != nil {
+						b.Fatal(err)
+					}
+					sent++
+				}
+				select {
+				case <-replies:
+					got++
+				case err := <-done:
+					b.Fatalf("responder ended: %v", err)
+				case <-time.After(30 * time.Second):
+					b.Fatalf("%d of %d replies", got, b.N)
+				}
+			}
+			report(b, start, b.N, "rpc/s")
+		})
+	}
+}

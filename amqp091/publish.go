@@ -57,7 +57,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	if m.Exchange == "" && strings.HasPrefix(m.RoutingKey, replyToPrefix) {
 		// Delivered to the requester's channel, not stored: counted as
 		// unroutable below, as RabbitMQ 3.10 does (replyto.go).
-		c.srv.deliverReply(m.RoutingKey, props, cmd.body)
+		c.srv.deliverReply(c.ctx, m.RoutingKey, props, cmd.body)
 	}
 	if len(routes) == 0 {
 		c.srv.m.unroutable.Inc()

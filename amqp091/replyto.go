@@ -166,13 +166,13 @@ func (ch *channel) rewriteReplyTo(props *wire.Properties) (*wire.Properties, err
 // reply name as routing key to the channel that owns the name, here or on
 // the replica the name points to. Nothing is stored; a reply to a name no
 // live channel owns is dropped, as in RabbitMQ.
-func (s *Server) deliverReply(key string, props *wire.Properties, body []byte) {
+func (s *Server) deliverReply(ctx context.Context, key string, props *wire.Properties, body []byte) {
 	addr, k, ok := parseReplyName(strings.TrimPrefix(key, replyToPrefix))
 	if !ok {
 		return
 	}
 	if addr != "" && s.replyNode() != base64.RawURLEncoding.EncodeToString([]byte(addr)) {
-		s.replyRemote(addr, key, props, body)
+		s.replyRemote(ctx, addr, key, props, body)
 		return
 	}
 	s.replyLocal(k, key, props, body)
@@ -246,7 +246,9 @@ type replyLane struct {
 	q chan *peerpb.ReplyRequest
 }
 
-func (s *Server) replyRemote(addr, key string, props *wire.Properties, body []byte) {
+// replyRemote queues a reply for the replica at addr; it waits while that
+// replica's lane is full, until ctx (the publisher's connection) ends.
+func (s *Server) replyRemote(ctx context.Context, addr, key string, props *wire.Properties, body []byte) {
 	_, k, _ := parseReplyName(strings.TrimPrefix(key, replyToPrefix))
 	meta, tags, err := encodeMessage("", key, props)
 	if err != nil || s.peers == nil {
@@ -277,7 +279,7 @@ func (s *Server) replyRemote(addr, key string, props *wire.Properties, body []by
 	s.replyMu.Unlock()
 	select {
 	case l.q <- r:
-	case <-s.ctx.Done():
+	case <-ctx.Done():
 	}
 }
 

@@ -144,6 +144,20 @@ func TestDirectReplyTo(t *testing.T) {
 		if r := mustRecv(t, replies, "second reply"); string(r.Body) != "pong2" {
 			t.Fatalf("second reply %q", r.Body)
 		}
+		// In a transaction the reply goes out at once (RabbitMQ hands it over
+		// while routing), rollback or not.
+		if err := resp2.Tx(); err != nil {
+			t.Fatal(err)
+		}
+		if err := resp2.Publish("", d.ReplyTo, false, false, amqp.Publishing{Body: []byte("in-tx")}); err != nil {
+			t.Fatal(err)
+		}
+		if r := mustRecv(t, replies, "reply in a transaction"); string(r.Body) != "in-tx" {
+			t.Fatalf("reply in a transaction %q", r.Body)
+		}
+		if err := resp2.TxRollback(); err != nil {
+			t.Fatal(err)
+		}
 		// A closed requester channel: replies dropped, name gone.
 		req.Close()
 		if err := resp2.Publish("", d.ReplyTo, false, false, amqp.Publishing{Body: []byte("x")}); err != nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"cloud.google.com/go/iam/apiv1/iampb"
 	pubsubv1 "cloud.google.com/go/pubsub"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
@@ -464,12 +465,24 @@ func TestSnapshotOrderReplicasRestart(t *testing.T) {
 		t.Fatalf("replay out of order: %v", got)
 	}
 
+	// IAM on the snapshot: the policy set is the policy read, on another
+	// replica too; a deleted snapshot's is NOT_FOUND (below).
+	ic := iamClient(t, e.addr)
+	pol := &iampb.Policy{Bindings: []*iampb.Binding{{Role: "roles/pubsub.viewer", Members: []string{"user:a@example.com"}}}}
+	if _, err := ic.SetIamPolicy(ctx, &iampb.SetIamPolicyRequest{Resource: snap, Policy: pol}); err != nil {
+		t.Fatal(err)
+	}
+
 	// Another replica sees it, and so does a restarted process.
 	addr2, _, stop2 := e.startReplica()
 	defer stop2()
 	s2 := newSnapTarget(t, addr2, e.project, e.suffix)
 	if _, err := s2.sc.GetSnapshot(ctx, &pubsubpb.GetSnapshotRequest{Snapshot: snap}); err != nil {
 		t.Fatalf("replica: %v", err)
+	}
+	got2, err := iamClient(t, addr2).GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: snap})
+	if err != nil || len(got2.GetBindings()) != 1 || got2.Bindings[0].Role != "roles/pubsub.viewer" {
+		t.Fatalf("snapshot policy on another replica: %v %v", got2, err)
 	}
 	stop2()
 	e.stop()
@@ -482,6 +495,12 @@ func TestSnapshotOrderReplicasRestart(t *testing.T) {
 		t.Fatalf("after a restart: %v, want %v", got, want)
 	}
 
+	if _, err := s.sc.DeleteSnapshot(ctx, &pubsubpb.DeleteSnapshotRequest{Snapshot: snap}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = iamClient(t, e.addr).GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: snap})
+	wantCode(t, err, codes.NotFound, "")
+
 	// A message published 7 days ago (written natively with that publish
 	// time) makes the snapshot expire within the hour: refused, and the
 	// backlog is kept.
@@ -492,7 +511,7 @@ func TestSnapshotOrderReplicasRestart(t *testing.T) {
 		Body: []byte("old"), Tags: map[string]string{gcp.TagMessageID: "1", gcp.TagPublishTime: old, gcp.TagOrderingKey: ""}}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.sc.CreateSnapshot(ctx, &pubsubpb.CreateSnapshotRequest{Name: s.snap("old"), Subscription: s.sub("old")})
+	_, err = s.sc.CreateSnapshot(ctx, &pubsubpb.CreateSnapshotRequest{Name: s.snap("old"), Subscription: s.sub("old")})
 	wantCode(t, err, codes.FailedPrecondition, "too old")
 	if got := s.drain("old", time.Second); strings.Join(got, ",") != "old" {
 		t.Fatalf("backlog after a refused snapshot: %v", got)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -602,8 +603,8 @@ func parseHostAllowList(s string) (hostAllowList, error) {
 		}
 		h := strings.TrimPrefix(f, "*.")
 		if hh, port, err := net.SplitHostPort(h); err == nil {
-			if port == "" || hh == "" {
-				return nil, fmt.Errorf("gcp: push_allowed_hosts: %q has an empty host or port", f)
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || hh == "" {
+				return nil, fmt.Errorf("gcp: push_allowed_hosts: %q: want host:port with a port number", f)
 			}
 			h = hh
 		}

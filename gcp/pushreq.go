@@ -34,8 +34,8 @@ import (
 //     {"message":{"attributes":{...},"data":"<base64>","messageId":"..",
 //     "message_id":"..","publishTime":"..","publish_time":"..",
 //     "orderingKey":".."},"subscription":"projects/p/subscriptions/s",
-//     "deliveryAttempt":n}; attributes and orderingKey only when set,
-//     deliveryAttempt only with a dead-letter policy. Every x-goog-version
+//     "deliveryAttempt":n}; attributes {} when there are none, orderingKey
+//     only when set, deliveryAttempt only with a dead-letter policy. Every x-goog-version
 //     gets this v1 body.
 //   - no_wrapper: the message data as the body (application/octet-stream);
 //     with write_metadata the attributes as headers (those that are valid
@@ -57,7 +57,7 @@ type pushEnvelope struct {
 }
 
 type pushMessage struct {
-	Attributes   map[string]string `json:"attributes,omitempty"`
+	Attributes   map[string]string `json:"attributes"` // {} when none, as the emulator sends
 	Data         string            `json:"data"`
 	MessageID    string            `json:"messageId"`
 	MessageIDOld string            `json:"message_id"`
@@ -121,9 +121,13 @@ func (m *pushManager) pushRequest(ctx context.Context, e *subEntry, rm *pubsubpb
 			}
 		}
 	} else {
+		attrs := msg.GetAttributes()
+		if attrs == nil {
+			attrs = map[string]string{}
+		}
 		env := pushEnvelope{
 			Message: pushMessage{
-				Attributes: msg.GetAttributes(),
+				Attributes: attrs,
 				Data:       base64.StdEncoding.EncodeToString(msg.GetData()),
 				MessageID:  msg.GetMessageId(), MessageIDOld: msg.GetMessageId(),
 				PublishTime: pub, PublishOld: pub,

@@ -532,17 +532,20 @@ func TestPushSwitchUnderLoad(t *testing.T) {
 		defer close(pubDone)
 		p := c.Publisher(tid)
 		defer p.Stop()
-		for i := range n {
-			id, err := p.Publish(ctx, &pubsub.Message{Data: []byte(fmt.Sprint("m", i))}).Get(ctx)
-			if err != nil {
-				t.Error(err)
-				return
+		for round := range n / 100 {
+			rs := make([]*pubsub.PublishResult, 100)
+			for i := range rs {
+				rs[i] = p.Publish(ctx, &pubsub.Message{Data: []byte(fmt.Sprint("m", round*100+i))})
 			}
-			mu.Lock()
-			ids = append(ids, id)
-			mu.Unlock()
-			if i%10 == 0 {
-				time.Sleep(time.Millisecond)
+			for _, r := range rs {
+				id, err := r.Get(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, id)
+				mu.Unlock()
 			}
 		}
 	}()

@@ -333,6 +333,11 @@ func (p *pusher) serve(rt *subRuntime) error {
 		}
 		p.mu.Lock()
 		room := p.window - p.held
+		if p.held > 0 && room < p.window/4 {
+			// Fetch in batches: a fetch per settled message would make the
+			// fetch loop the bottleneck.
+			room = 0
+		}
 		pause := time.Until(p.pauseUntil)
 		changed := p.changed
 		p.mu.Unlock()

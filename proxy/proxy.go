@@ -77,9 +77,13 @@ type Deps struct {
 
 // Peers reaches the replica that consumes a queue, when several share one KubeMQ.
 type Peers struct {
-	c *cluster.Cluster
-	p *cluster.Peers
+	c    *cluster.Cluster
+	p    *cluster.Peers
+	self string // this replica's advertised peer address
 }
+
+// Self returns the peer address this replica advertises.
+func (p *Peers) Self() string { return p.self }
 
 // Owner returns the peer address of another replica that consumes queue.
 func (p *Peers) Owner(queue string) (string, bool) {
@@ -199,7 +203,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	}
 
 	copts := kubemqclient.Options{Address: address, ClientID: p.cfg.KubeMQ.ClientID, AuthToken: p.cfg.KubeMQ.AuthToken, Logger: p.log.Named("kubemq"),
-		Observe: BackendObserver(p.metrics)}
+		Observe: BackendObserver(p.metrics), SendAttempt: p.cfg.KubeMQ.SendAttempt}
 	if p.embedded != nil {
 		// The proxy's own client calls the embedded server's handlers in
 		// this process (embedded.Server.Channel: the same gRPC service
@@ -239,6 +243,10 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		}
 		return 0
 	}))
+	p.metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "kubemq_proxy", Name: "backend_sends_resent_total",
+		Help: "Queue message batches KubeMQ left unanswered within one attempt (kubemq.send_attempt), sent again.",
+	}, func() float64 { return float64(p.client.SendsResent() + p.clusterClient.SendsResent()) }))
 	p.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "kubemq_proxy", Name: "ready",
 		Help: "1 while the proxy is ready (backend up and registry replayed).",
@@ -640,7 +648,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		if p.peers, err = cluster.NewPeers(po); err != nil {
 			return err
 		}
-		deps.Peers = &Peers{c: c, p: p.peers}
+		deps.Peers = &Peers{c: c, p: p.peers, self: advertise}
 	}
 	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))
 	return nil

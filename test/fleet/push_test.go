@@ -18,6 +18,8 @@ type pushLedger struct {
 	count    map[string]int
 	inflight map[string]int
 	overlap  int // requests that arrived while another of the same message was in flight
+	acked    map[string]bool
+	failing  bool // answer 503
 }
 
 func (p *pushLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -32,23 +34,31 @@ func (p *pushLedger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(time.Millisecond)
 	p.mu.Lock()
 	p.inflight[n]--
+	failing := p.failing
+	if !failing {
+		p.acked[n] = true
+	}
 	p.mu.Unlock()
+	if failing {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 func (p *pushLedger) unique() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.count)
+	return len(p.acked)
 }
 
 // runPushFleet: three replicas and one push subscription; fault (if set)
 // runs when half of the messages are published. Every message reaches the
 // endpoint, and no message is ever pushed twice at once (one replica
 // pushes a subscription).
-func runPushFleet(t *testing.T, fault func(f *fleet)) {
+func runPushFleet(t *testing.T, fault func(f *fleet, pl *pushLedger)) {
 	f := newFleet(t, 3)
-	pl := &pushLedger{count: map[string]int{}, inflight: map[string]int{}}
+	pl := &pushLedger{count: map[string]int{}, inflight: map[string]int{}, acked: map[string]bool{}}
 	srv := httptest.NewServer(pl)
 	t.Cleanup(srv.Close)
 	topic, _ := f.setupSub(t, "push-"+f.suffix, func(s *pubsubpb.Subscription) {
@@ -58,7 +68,7 @@ func runPushFleet(t *testing.T, fault func(f *fleet)) {
 	n := min(messages(t), 5000)
 	var fn func()
 	if fault != nil {
-		fn = func() { fault(f) }
+		fn = func() { fault(f, pl) }
 	}
 	f.publish(t, topic, n, fn)
 	deadline := time.Now().Add(5 * time.Minute)
@@ -90,12 +100,30 @@ func TestPushFleet(t *testing.T) { runPushFleet(t, nil) }
 // TestPushFleetKill: the replicas are killed (-9) in turn and started again while the messages
 // are pushed: nothing is lost.
 func TestPushFleetKill(t *testing.T) {
-	runPushFleet(t, func(f *fleet) {
+	runPushFleet(t, func(f *fleet, _ *pushLedger) {
 		for _, r := range f.replicas[:2] {
 			r.p.Kill()
 			time.Sleep(time.Second)
 			r.start()
 		}
+	})
+}
+
+// TestPushFleetKillWhileFailing: the endpoint answers 503 while the replicas are killed (-9) in
+// turn and started again, then recovers: every message arrives.
+func TestPushFleetKillWhileFailing(t *testing.T) {
+	runPushFleet(t, func(f *fleet, pl *pushLedger) {
+		pl.mu.Lock()
+		pl.failing = true
+		pl.mu.Unlock()
+		for _, r := range f.replicas[:2] {
+			r.p.Kill()
+			time.Sleep(time.Second)
+			r.start()
+		}
+		pl.mu.Lock()
+		pl.failing = false
+		pl.mu.Unlock()
 	})
 }
 

@@ -12,19 +12,26 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
 )
 
 // BenchmarkPush: push throughput from a backlog of 1 KiB messages to a
 // local endpoint answering 204, against the Go client's StreamingPull
 // Receive of the same backlog on the same proxy in the same run (ratio =
 // push msgs/s / pull msgs/s). $BENCH_PUSH_N sets the backlog (default
-// 20,000); the push window is at most gcp.push_max_per_subscription (64).
+// 20,000), $BENCH_PUSH_WINDOW the largest push window
+// (gcp.push_max_per_subscription, 64 by default).
 func BenchmarkPush(b *testing.B) {
 	n := 20_000
 	if v, _ := strconv.Atoi(os.Getenv("BENCH_PUSH_N")); v > 0 {
 		n = v
 	}
-	e := startEnv(b)
+	e := startEnv(b, withGCP(func(o *gcp.Options) {
+		if v, _ := strconv.Atoi(os.Getenv("BENCH_PUSH_WINDOW")); v > 0 {
+			o.Config.PushMaxPerSubscription = v
+		}
+	}))
 	c := benchClient(b, e.addr, e.project)
 	var pushed atomic.Int64
 	done := make(chan struct{}, 1)

@@ -126,4 +126,3 @@ func TestPushFleetKillWhileFailing(t *testing.T) {
 		pl.mu.Unlock()
 	})
 }
-

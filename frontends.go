@@ -33,6 +33,11 @@ func frontends() []proxy.FrontendFactory {
 						MaxOutstandingMessages:     d.Config.GCP.MaxOutstandingMessages,
 						StreamCloseAfter:           d.Config.GCP.StreamCloseAfter,
 						RuntimeIdle:                d.Config.GCP.RuntimeIdle,
+						PushMaxConcurrency:         d.Config.GCP.PushMaxConcurrency,
+						PushMaxPerSubscription:     d.Config.GCP.PushMaxPerSubscription,
+						PushConnectTimeout:         d.Config.GCP.PushConnectTimeout,
+						PushAllowedHosts:           d.Config.GCP.PushAllowedHosts,
+						PushOIDCKeyFile:            d.Config.GCP.PushOIDCKeyFile,
 					},
 				})
 			},

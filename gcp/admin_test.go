@@ -206,7 +206,7 @@ func TestSubscriptionAdmin(t *testing.T) {
 		"no topic":       {&pubsubpb.Subscription{Topic: e.topicName(e.id("nope"))}, codes.NotFound},
 		"dlq attempts 3": {&pubsubpb.Subscription{DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topicName(dlq), MaxDeliveryAttempts: 3}}, codes.InvalidArgument},
 		"dlq missing":    {&pubsubpb.Subscription{DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.topicName(e.id("nope"))}}, codes.NotFound},
-		"push":           {&pubsubpb.Subscription{PushConfig: &pubsubpb.PushConfig{PushEndpoint: "https://example.com/push"}}, codes.Unimplemented},
+		"push":           {&pubsubpb.Subscription{PushConfig: &pubsubpb.PushConfig{PushEndpoint: "ftp://example.com/push"}}, codes.InvalidArgument},
 		"bigquery":       {&pubsubpb.Subscription{BigqueryConfig: &pubsubpb.BigQueryConfig{Table: "p.d.t"}}, codes.InvalidArgument},
 		"retry":          {&pubsubpb.Subscription{RetryPolicy: &pubsubpb.RetryPolicy{MinimumBackoff: durationpb.New(time.Hour)}}, codes.InvalidArgument},
 		"retention":      {&pubsubpb.Subscription{MessageRetentionDuration: durationpb.New(time.Second)}, codes.InvalidArgument},
@@ -266,8 +266,8 @@ func TestSubscriptionAdmin(t *testing.T) {
 	if err := sa.ModifyPushConfig(ctx, &pubsubpb.ModifyPushConfigRequest{Subscription: e.subName(sid), PushConfig: &pubsubpb.PushConfig{}}); err != nil {
 		t.Fatal(err)
 	}
-	err = sa.ModifyPushConfig(ctx, &pubsubpb.ModifyPushConfigRequest{Subscription: e.subName(sid), PushConfig: &pubsubpb.PushConfig{PushEndpoint: "https://example.com/x"}})
-	wantCode(t, err, codes.Unimplemented, "")
+	err = sa.ModifyPushConfig(ctx, &pubsubpb.ModifyPushConfigRequest{Subscription: e.subName(sid), PushConfig: &pubsubpb.PushConfig{PushEndpoint: "example.com/x"}})
+	wantCode(t, err, codes.InvalidArgument, "push endpoint")
 	_, err = sa.Seek(ctx, &pubsubpb.SeekRequest{Subscription: e.subName(sid), Target: &pubsubpb.SeekRequest_Snapshot{Snapshot: "projects/" + e.project + "/snapshots/no-such"}})
 	wantCode(t, err, codes.NotFound, "")
 

@@ -28,6 +28,25 @@
 // together; the tail beyond it waits in KubeMQ. A client asking for no
 // limit gets Config.MaxOutstandingMessages (1,000).
 //
+// # Push subscriptions
+//
+// A subscription with a push endpoint is consumed by a pusher (push.go) on
+// the replica that consumes its queue; the other replicas push nothing and
+// claim it again every 2 s, so a dead replica's push subscriptions move with
+// its queues. The pusher takes messages through the subscription's runtime
+// like a stream, so leases, ack deadlines, the retry and dead-letter
+// policies, delivery attempts and ordering keys are the pull path's. One
+// HTTP POST per message (the request format is in pushreq.go); 102, 200,
+// 201, 202 and 204 ack, anything else, a connection error or no answer
+// within the ack deadline nack. Concurrency: a window per subscription (3 at
+// first, +1 per success, halved per failure, at most
+// Config.PushMaxPerSubscription) and Config.PushMaxConcurrency requests per
+// process; an ordering key has one request in flight at a time. Without a
+// retry policy a failure pauses the subscription's pushes for 100 ms,
+// doubling with each consecutive failure up to 600 s. Switching a
+// subscription to pull gives the messages the pusher holds and has not sent
+// back to the pullers at once.
+//
 // # Queues and incarnations
 //
 // Subscription s is the queue "gcp.sub.{s}". A subscription created under

@@ -29,6 +29,9 @@ const (
 	DefaultMaxInflightPerSubscription = 20000
 	DefaultStreamCloseAfter           = 30 * time.Minute
 	DefaultMaxOutstandingMessages     = 1000
+	DefaultPushMaxConcurrency         = 256
+	DefaultPushMaxPerSubscription     = 64
+	DefaultPushConnectTimeout         = 10 * time.Second
 
 	// grpcHeadroom is what a PublishRequest may carry beyond its messages'
 	// bytes (names, framing) before gRPC refuses it; the per-message limit
@@ -55,6 +58,21 @@ type Config struct {
 	// lease table) once no stream or Pull has used it for this long and it
 	// holds no leases (default 2 minutes); the next pull starts a new one.
 	RuntimeIdle time.Duration
+	// PushMaxConcurrency bounds the push requests in flight on this
+	// replica, all subscriptions together (push.go).
+	PushMaxConcurrency int
+	// PushMaxPerSubscription is the largest flow-control window of one push
+	// subscription: requests it may have in flight.
+	PushMaxPerSubscription int
+	// PushConnectTimeout bounds connecting to a push endpoint (TCP and
+	// TLS); a request as a whole is bounded by the ack deadline.
+	PushConnectTimeout time.Duration
+	// PushAllowedHosts, when not empty, is a comma-separated list of the
+	// endpoint hosts pushes may go to: names, *.domain wildcards, host:port.
+	PushAllowedHosts string
+	// PushOIDCKeyFile is a PEM RSA private key that signs the tokens of
+	// oidc_token push configurations; "" sends no Authorization header.
+	PushOIDCKeyFile string
 }
 
 func (c *Config) setDefaults() {
@@ -76,6 +94,15 @@ func (c *Config) setDefaults() {
 	if c.MaxOutstandingMessages <= 0 {
 		c.MaxOutstandingMessages = DefaultMaxOutstandingMessages
 	}
+	if c.PushMaxConcurrency <= 0 {
+		c.PushMaxConcurrency = DefaultPushMaxConcurrency
+	}
+	if c.PushMaxPerSubscription <= 0 {
+		c.PushMaxPerSubscription = DefaultPushMaxPerSubscription
+	}
+	if c.PushConnectTimeout <= 0 {
+		c.PushConnectTimeout = DefaultPushConnectTimeout
+	}
 }
 
 // Server is the Pub/Sub front-end. It satisfies the proxy's Frontend
@@ -90,6 +117,7 @@ type Server struct {
 	grpc  *grpc.Server
 	ids   *idGen
 	m     *metrics
+	push  *pushManager // push subscriptions (push.go)
 
 	pubLimits limits.Publish
 	// onDrop tells the delivery side that a subscription's backlog and
@@ -156,9 +184,18 @@ func newServer(c core) (*Server, error) {
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
 		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
 		outage: make(chan struct{}), m: newMetrics()}
+	var err error
+	if s.push, err = newPushManager(s); err != nil {
+		return nil, err
+	}
 	if c.metrics != nil {
 		if err := s.m.register(c.metrics, s); err != nil {
 			return nil, fmt.Errorf("gcp: register metrics: %w", err)
+		}
+		for _, col := range s.push.collectors() {
+			if err := c.metrics.Register(col); err != nil {
+				return nil, fmt.Errorf("gcp: register metrics: %w", err)
+			}
 		}
 	}
 	if c.watch != nil {
@@ -184,6 +221,7 @@ func newServer(c core) (*Server, error) {
 		}()
 	}
 	s.stopWatch = s.cat.follow(s.topo)
+	s.push.start()
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
 		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
@@ -236,6 +274,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.unwatch()
 		}
 		s.drain(ctx)
+		s.push.stop()
 		close(s.stopping)
 		done := make(chan struct{})
 		go func() {

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -94,11 +95,13 @@ func (s *Server) newSubQueue(ctx context.Context, id, uid string) (string, error
 // defaults Google reports back (ack deadline, retention, dead-letter
 // attempts).
 func (s *Server) checkSubscription(sub *pubsubpb.Subscription) error {
-	if err := limits.Subscription(sub, limits.SubscriptionOptions{}); err != nil {
+	// http endpoints are accepted anywhere, as by Google's emulator: the
+	// proxy serves local and in-cluster setups (push.go).
+	if err := limits.Subscription(sub, limits.SubscriptionOptions{AllowHTTPPush: true}); err != nil {
 		return err
 	}
-	if sub.GetPushConfig().GetPushEndpoint() != "" {
-		return unimplementedf("Push subscriptions are not supported by kubemq-proxy yet; use pull (an empty push_config).")
+	if err := s.push.allowed(sub.GetPushConfig()); err != nil {
+		return err
 	}
 	ack, _ := limits.AckDeadline(sub.GetAckDeadlineSeconds())
 	if sub.GetAckDeadlineSeconds() == 0 {
@@ -307,30 +310,34 @@ func (p *subscriber) DeleteSubscription(ctx context.Context, req *pubsubpb.Delet
 	return &emptypb.Empty{}, nil
 }
 
-// ModifyPushConfig: an empty config keeps (or makes) the subscription a
-// pull subscription; push delivery comes in a later issue.
+// ModifyPushConfig switches a subscription between pull (an empty config)
+// and push, or changes its endpoint; the pushers follow (push.go).
 func (p *subscriber) ModifyPushConfig(ctx context.Context, req *pubsubpb.ModifyPushConfigRequest) (*emptypb.Empty, error) {
 	sn, err := names.ParseSubscription(req.GetSubscription())
 	if err != nil {
 		return nil, err
 	}
-	if req.GetPushConfig().GetPushEndpoint() != "" {
-		if err := limits.PushConfig(req.GetPushConfig(), false); err != nil {
-			return nil, err
-		}
-		return nil, unimplementedf("Push subscriptions are not supported by kubemq-proxy yet; use pull (an empty push_config).")
+	pc := req.GetPushConfig()
+	if pc == nil {
+		pc = &pubsubpb.PushConfig{}
+	}
+	if err := limits.PushConfig(pc, true); err != nil {
+		return nil, err
 	}
 	s := p.s
+	if err := s.push.allowed(pc); err != nil {
+		return nil, err
+	}
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
 	e, ok := s.cat.sub(sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}
-	if e.proto.GetPushConfig().GetPushEndpoint() != "" || e.proto.PushConfig == nil {
+	if e.proto.PushConfig == nil || !proto.Equal(e.proto.GetPushConfig(), pc) {
 		ne := *e
 		ne.proto = cloneSub(e.proto)
-		ne.proto.PushConfig = &pubsubpb.PushConfig{}
+		ne.proto.PushConfig = proto.Clone(pc).(*pubsubpb.PushConfig)
 		if err := s.putSub(ctx, &ne); err != nil {
 			return nil, toStatus(err)
 		}

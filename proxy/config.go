@@ -49,6 +49,17 @@ type GCPConfig struct {
 	// RuntimeIdle ends a subscription's delivery runtime (poller, lease
 	// table) after this long without streams, Pulls or leases.
 	RuntimeIdle time.Duration `mapstructure:"runtime_idle"`
+	// PushMaxConcurrency bounds push requests in flight, all subscriptions.
+	PushMaxConcurrency int `mapstructure:"push_max_concurrency"`
+	// PushMaxPerSubscription is the largest push window of a subscription.
+	PushMaxPerSubscription int `mapstructure:"push_max_per_subscription"`
+	// PushConnectTimeout bounds connecting to a push endpoint.
+	PushConnectTimeout time.Duration `mapstructure:"push_connect_timeout"`
+	// PushAllowedHosts restricts push endpoints (comma-separated hosts,
+	// *.domain, host:port); "" allows any.
+	PushAllowedHosts string `mapstructure:"push_allowed_hosts"`
+	// PushOIDCKeyFile signs the OIDC tokens of push requests; "" = none.
+	PushOIDCKeyFile string `mapstructure:"push_oidc_key_file"`
 }
 
 // AMQPConfig is the AMQP 0-9-1 front-end.
@@ -258,7 +269,8 @@ type ShutdownConfig struct {
 func Defaults() Config {
 	return Config{
 		GCP: GCPConfig{Listen: ":8085", MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
-			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute},
+			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute,
+			PushMaxConcurrency: 256, PushMaxPerSubscription: 64, PushConnectTimeout: 10 * time.Second},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,
 			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100},
 		HTTP: HTTPConfig{Listen: ":9102"},
@@ -358,6 +370,15 @@ func (c *Config) Validate() error {
 	}
 	if c.GCP.StreamCloseAfter < time.Second {
 		return fmt.Errorf("gcp.stream_close_after: %v must be at least 1s", c.GCP.StreamCloseAfter)
+	}
+	if c.GCP.PushMaxConcurrency < 1 {
+		return fmt.Errorf("gcp.push_max_concurrency: %d must be at least 1", c.GCP.PushMaxConcurrency)
+	}
+	if c.GCP.PushMaxPerSubscription < 1 {
+		return fmt.Errorf("gcp.push_max_per_subscription: %d must be at least 1", c.GCP.PushMaxPerSubscription)
+	}
+	if c.GCP.PushConnectTimeout < 100*time.Millisecond {
+		return fmt.Errorf("gcp.push_connect_timeout: %v must be at least 100ms", c.GCP.PushConnectTimeout)
 	}
 	if c.AMQP.Heartbeat < 0 || c.AMQP.Heartbeat > 65535*time.Second {
 		return fmt.Errorf("amqp.heartbeat: %v is outside 0s..65535s", c.AMQP.Heartbeat)

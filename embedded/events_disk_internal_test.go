@@ -283,3 +283,95 @@ func TestStoredEventUnreadable(t *testing.T) {
 		t.Fatalf("%d events left", len(c.events))
 	}
 }
+
+// With a data directory a delayed message is held as an index only until it is due, then read
+// back from its record into its queue, whole; also when it was delayed before a restart. (Delays
+// of 3 s: the checks before they end take well under that.)
+func TestDelayedMessagesReadBack(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{DataDir: dir, Logger: zaptest.NewLogger(t)}
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Stop() }()
+	send := func(s *Server, from, to int) {
+		t.Helper()
+		var lsn uint64
+		for i := from; i <= to; i++ {
+			var res *kubemqpb.SendQueueMessageResult
+			res, lsn = s.sendQueue(&kubemqpb.QueueMessage{MessageID: fmt.Sprintf("id%d", i), ClientID: "c", Channel: "q", Metadata: "m",
+				Body: []byte(eventBody(i)), Tags: map[string]string{"i": fmt.Sprint(i)}, Policy: &kubemqpb.QueueMessagePolicy{DelaySeconds: 3}}, s.now())
+			if res.IsError {
+				t.Fatal(res.Error)
+			}
+		}
+		if err := s.waitLog(lsn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	indexOnly := func(s *Server, want int) {
+		t.Helper()
+		d := s.delays
+		d.mu.Lock()
+		n := len(d.h)
+		for _, x := range d.h {
+			if x.m != nil {
+				d.mu.Unlock()
+				t.Fatal("a delayed message is held whole with a data dir")
+			}
+		}
+		d.mu.Unlock()
+		if n != want || s.MemoryUsed() != 0 {
+			t.Fatalf("%d delayed messages held (want %d), MemoryUsed %d", n, want, s.MemoryUsed())
+		}
+	}
+	arrive := func(s *Server, from, to int) {
+		t.Helper()
+		q := s.getQueue("q", true)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			q.mu.Lock()
+			n := q.waitingLocked()
+			q.mu.Unlock()
+			if n >= int64(to-from+1) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		q.mu.Lock()
+		got, _, _, _ := q.takeLocked(s.now().UnixNano(), to-from+1, 1<<62, nil, false)
+		q.settleLocked(got)
+		q.mu.Unlock()
+		ms, err := s.deliveries(got, make([]int32, len(got)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) != to-from+1 {
+			t.Fatalf("%d delayed messages arrived, want %d", len(ms), to-from+1)
+		}
+		seen := map[string]bool{}
+		for _, m := range ms {
+			i := m.Tags["i"]
+			var k int
+			fmt.Sscan(i, &k)
+			if m.MessageID != "id"+i || string(m.Body) != eventBody(k) || m.Metadata != "m" || k < from || k > to || seen[i] {
+				t.Fatalf("delayed message arrived as id %q, tags %v, body %.5q", m.MessageID, m.Tags, m.Body)
+			}
+			seen[i] = true
+		}
+	}
+	send(s, 1, 500)
+	indexOnly(s, 500)
+	arrive(s, 1, 500)
+	send(s, 501, 800)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexOnly(s, 300)
+	arrive(s, 501, 800)
+}

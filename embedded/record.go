@@ -150,6 +150,15 @@ type record struct {
 // message's messageSize. The record is read back whole when it is delivered. Malformed input is
 // an error, never a panic.
 func indexQueueRecord(p []byte) (record, error) {
+	r, err := indexQueueFields(p)
+	if err == nil && (r.qm.Attributes == nil || r.qm.Policy == nil || r.qm.Attributes.Sequence == 0) {
+		err = errCorrupt
+	}
+	return r, err
+}
+
+// indexQueueFields is indexQueueRecord without the checks of a queue copy's fields.
+func indexQueueFields(p []byte) (record, error) {
 	r := record{typ: recQueueMsg, qm: &kubemqpb.QueueMessage{}}
 	m := r.qm
 	for len(p) > 0 {
@@ -171,7 +180,10 @@ func indexQueueRecord(p []byte) (record, error) {
 		}
 		p = p[n:]
 		switch num {
-		case 1, 2, 4, 5: // MessageID, ClientID, Metadata, Body
+		case 1:
+			m.MessageID = string(v)
+			r.size += int64(len(v))
+		case 2, 4, 5: // ClientID, Metadata, Body
 			r.size += int64(len(v))
 		case 3:
 			m.Channel = string(v)
@@ -205,10 +217,23 @@ func indexQueueRecord(p []byte) (record, error) {
 			}
 		}
 	}
-	if m.Attributes == nil || m.Policy == nil || m.Attributes.Sequence == 0 {
-		return r, errCorrupt
-	}
 	return r, nil
+}
+
+// indexDelayRecord reads what recovery keeps of a delayed message's record (recDelayAdd): its id
+// and the message as indexQueueRecord reads it (MessageID, Channel, Attributes, Policy).
+func indexDelayRecord(p []byte) (record, error) {
+	d := &dec{b: p}
+	id := d.uvarint()
+	if d.err != nil {
+		return record{}, errCorrupt
+	}
+	r, err := indexQueueFields(d.rest())
+	r.typ, r.id = recDelayAdd, id
+	if err == nil && (r.qm.Attributes == nil || r.qm.Policy == nil) {
+		err = errCorrupt
+	}
+	return r, err // a delayed message has no sequence yet
 }
 
 // indexEventRecord reads what recovery keeps of an event record (recEvent): an event with only

@@ -74,6 +74,8 @@ func (rc *recovery) replaySegment(id uint32) error {
 				r, err = indexQueueRecord(payload) // the index only: the body stays on disk
 			case recEvent:
 				r, err = indexEventRecord(payload) // likewise
+			case recDelayAdd:
+				r, err = indexDelayRecord(payload) // likewise
 			default:
 				r, err = decodeRecord(typ, payload)
 			}
@@ -142,7 +144,8 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 		c.bytes += r.size
 		c.trimLocked(s, rc.st.release) // the same rule as at publish
 	case recDelayAdd:
-		rc.delays[r.id] = &delayed{id: r.id, m: r.qm, seg: seg}
+		rc.delays[r.id] = newDelayed(r.id, r.qm, seg, off, n, 0)
+		rc.delays[r.id].m = nil // read back when due
 		si.live.Add(1)
 	case recDelayDone:
 		for _, id := range r.nums {
@@ -238,7 +241,7 @@ func (rc *recovery) finish() {
 		c.hot = c.last + 1
 	}
 	for _, d := range rc.delays {
-		s.delays.restore(d.id, d.m, d.seg)
+		s.delays.restore(d)
 	}
 	for _, d := range s.durables {
 		if d.ch != nil {

@@ -530,13 +530,15 @@ func (s *Server) logQueueDel(name string, seqs []uint64) {
 	s.store.append(recQueueDel, b, false)
 }
 
-func (s *Server) logDelayAdd(id uint64, m *kubemqpb.QueueMessage) (uint64, uint32) {
+func (s *Server) logDelayAdd(id uint64, m *kubemqpb.QueueMessage) (lsn uint64, seg uint32, off int64, n int) {
 	if s.store == nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	b := binary.AppendUvarint(nil, id)
 	b, _ = proto.MarshalOptions{}.MarshalAppend(b, m)
-	return s.store.append(recDelayAdd, b, true)
+	return s.store.appendFrame(int64(frameHeader+len(b)), true, func(dst []byte) []byte {
+		return frame(dst, recDelayAdd, b)
+	})
 }
 
 func (s *Server) logDelayDone(ids []uint64) {

@@ -344,12 +344,9 @@ func durableKey(clientID, channel, group string) string {
 }
 
 // dispatch hands the durable's events to its members round-robin until it has none. It is the
-// only writer of d.cursor while running.
-func (s *Server) dispatch(d *durable) {
-	d.mu.Lock()
-	pos := d.cursor
-	d.mu.Unlock()
-	r := d.ch.addReader(pos)
+// only writer of d.cursor while running. r is its position in the channel, registered before it
+// started (so that the events sent from then on are kept whole for it).
+func (s *Server) dispatch(d *durable, r *eventReader) {
 	defer d.ch.removeReader(s, r)
 	for {
 		d.mu.Lock()
@@ -841,9 +838,11 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 	d.members = append(d.members, m)
 	start := !d.running
 	d.running = true
+	cur := d.cursor
 	d.mu.Unlock()
 	if start {
-		s.goTracked(func() { s.dispatch(d) })
+		r := d.ch.addReader(cur)
+		s.goTracked(func() { s.dispatch(d, r) })
 	}
 	subscribed(stream)
 	err := s.serveMember(stream, m)

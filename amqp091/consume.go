@@ -768,6 +768,7 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 	for l, k := range fwd {
 		l.settle(peerpb.Settle_ACK, k.ack...)
 		l.settle(peerpb.Settle_REQUEUE, k.back...)
+		ch.unflushed = append(ch.unflushed, l) // sent once the channel is idle (run)
 		ch.c.srv.m.acked.Add(float64(len(k.ack)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()

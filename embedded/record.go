@@ -250,8 +250,8 @@ func indexEventRecord(p []byte) (record, error) {
 // UTF-8; unknown fields are skipped. Malformed input is an error, never a panic.
 func parseEventRecord(p []byte, full bool) (e *kubemqpb.EventReceive, size int64, err error) {
 	e = &kubemqpb.EventReceive{}
-	var lens [5]int64 // of fields 1-4 as last seen; [0] unused
-	tags := map[string]int64{}
+	var lens [5]int64         // of fields 1-4 as last seen; [0] unused
+	var tags map[string]int64 // value lengths by key (the last of a repeated key wins)
 	for len(p) > 0 {
 		num, typ, n := protowire.ConsumeTag(p)
 		if n < 0 {
@@ -332,6 +332,9 @@ func parseEventRecord(p []byte, full bool) (e *kubemqpb.EventReceive, size int64
 					return nil, 0, errCorrupt
 				}
 				v = v[l:]
+			}
+			if tags == nil {
+				tags = map[string]int64{}
 			}
 			tags[string(k)] = int64(len(val))
 			if full {

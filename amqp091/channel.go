@@ -51,6 +51,7 @@ type channel struct {
 	handles          map[*queue]*delivery.Handle
 	getLinks         map[*queue]*fwdLink // basic.get of queues another replica holds
 	scratch          []string            // routing buffer
+	reply            *replyConsumer      // direct reply-to consumer (replyto.go); written by run under dmu
 
 	// Delivery bookkeeping, shared with consumer goroutines.
 	dmu            sync.Mutex // guards the fields below
@@ -143,6 +144,9 @@ func (ch *channel) run() {
 		case <-ch.wake:
 			ch.runPosted()
 			ch.confirms.emit()
+			if len(ch.unflushed) > 0 {
+				ch.flushSettles()
+			}
 		case <-ch.c.ctx.Done():
 			return
 		}
@@ -281,6 +285,7 @@ func (ch *channel) dispatch(cmd command) error {
 // back to their queues in place, the lease handles close and pending
 // confirms are dropped. It is idempotent.
 func (ch *channel) shutdown() {
+	ch.dropReply()
 	for tag, cs := range ch.consumers {
 		ch.stopConsumer(cs)
 		delete(ch.consumers, tag)

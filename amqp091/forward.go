@@ -37,6 +37,9 @@ type Peers interface {
 	Owner(queue string) (addr string, ok bool)
 	// Conn returns a connection to the replica at addr (its peer port).
 	Conn(addr string) (grpc.ClientConnInterface, error)
+	// Self returns this replica's own peer address ("" when it advertises
+	// none): direct reply-to names carry it so replies find their channel.
+	Self() string
 }
 
 // linkRetry is the pause between attempts to find a queue's holder.
@@ -184,6 +187,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		credit = max(creditFor(cs, 0), 0)
 		ch.dmu.Unlock()
 		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
+		open.SingleActive = q.singleActive
 		open.Batch = true
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer

@@ -225,6 +225,12 @@ func (l *peerLink) register(open *peerpb.Open) error {
 	if q.deleted {
 		return status.Errorf(codes.NotFound, "no %s", rsQueue(q.name, q.vh.displayName()))
 	}
+	if open.SingleActive {
+		q.singleActive = true // a stand-in knows it only from here
+	}
+	if open.Exclusive && q.singleActive {
+		return status.Errorf(codes.PermissionDenied, "%s", errSingleActiveExclusive(q.name, q.vh.displayName()).Text)
+	}
 	if q.exclusiveConsumer || (open.Exclusive && len(q.consumers) > 0) {
 		return status.Errorf(codes.PermissionDenied, "%s in exclusive use", rsQueue(q.name, q.vh.displayName()))
 	}

@@ -306,6 +306,7 @@ type queue struct {
 	consumers         map[*consumer]struct{}
 	disp              *dispatcher // delivers to consumers; nil without any
 	exclusiveConsumer bool
+	singleActive      bool // x-single-active-consumer (singleactive.go)
 	hadConsumer       bool // auto-delete applies only after a first consumer
 	deleted           bool
 }
@@ -317,6 +318,7 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 	if ms, ok := intArg(args["x-message-ttl"]); ok && ms > 0 {
 		q.ttl = time.Duration(ms) * time.Millisecond
 	}
+	q.singleActive = args["x-single-active-consumer"] == true
 	return q
 }
 

@@ -320,10 +320,13 @@ type Open struct {
 	// credit: deliveries the caller may take at once (more come as Credit),
 	// so the consumer has its share from the moment it is registered.
 	Credit uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
+	// single_active: the queue has x-single-active-consumer (the holder may
+	// know the queue only as a stand-in, without its arguments).
+	SingleActive bool `protobuf:"varint,7,opt,name=single_active,json=singleActive,proto3" json:"single_active,omitempty"`
 	// batch: the caller takes Deliveries; the holder then sends the
 	// deliveries that are ready at once in one response. A caller that does
 	// not set it gets one Delivery per response.
-	Batch         bool `protobuf:"varint,7,opt,name=batch,proto3" json:"batch,omitempty"`
+	Batch         bool `protobuf:"varint,8,opt,name=batch,proto3" json:"batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +401,13 @@ func (x *Open) GetCredit() uint32 {
 		return x.Credit
 	}
 	return 0
+}
+
+func (x *Open) GetSingleActive() bool {
+	if x != nil {
+		return x.SingleActive
+	}
+	return false
 }
 
 func (x *Open) GetBatch() bool {
@@ -1067,6 +1077,134 @@ func (x *QueueResponse) GetConsumers() uint32 {
 	return 0
 }
 
+type ReplyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                                 // the reply consumer's key (the name's last part)
+	RoutingKey    string                 `protobuf:"bytes,2,opt,name=routing_key,json=routingKey,proto3" json:"routing_key,omitempty"` // the whole reply name the message was published to
+	Metadata      string                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`                       // properties as message.go stores them
+	Tags          map[string]string      `protobuf:"bytes,4,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body          []byte                 `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	Probe         bool                   `protobuf:"varint,6,opt,name=probe,proto3" json:"probe,omitempty"` // only report whether the consumer is alive; deliver nothing
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyRequest) Reset() {
+	*x = ReplyRequest{}
+	mi := &file_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyRequest) ProtoMessage() {}
+
+func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
+func (*ReplyRequest) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReplyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetRoutingKey() string {
+	if x != nil {
+		return x.RoutingKey
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetMetadata() string {
+	if x != nil {
+		return x.Metadata
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
+}
+
+type ReplyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Alive         bool                   `protobuf:"varint,1,opt,name=alive,proto3" json:"alive,omitempty"` // the reply consumer exists (and, unless probe, got the message)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyResponse) Reset() {
+	*x = ReplyResponse{}
+	mi := &file_peer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyResponse) ProtoMessage() {}
+
+func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
+func (*ReplyResponse) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReplyResponse) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -1083,15 +1221,16 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\xe5\x01\n" +
+	"\x04kind\"\x8a\x02\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
 	"\fconsumer_tag\x18\x03 \x01(\tR\vconsumerTag\x12\x1c\n" +
 	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
-	"\x06credit\x18\x06 \x01(\rR\x06credit\x12\x14\n" +
-	"\x05batch\x18\a \x01(\bR\x05batch\"\x1a\n" +
+	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
+	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
+	"\x05batch\x18\b \x01(\bR\x05batch\"\x1a\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\"m\n" +
 	"\x06Settle\x123\n" +
@@ -1138,10 +1277,24 @@ const file_peer_proto_rawDesc = "" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
 	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +
-	"\tconsumers\x18\x03 \x01(\rR\tconsumers2\xbf\x01\n" +
+	"\tconsumers\x18\x03 \x01(\rR\tconsumers\"\x86\x02\n" +
+	"\fReplyRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
+	"\vrouting_key\x18\x02 \x01(\tR\n" +
+	"routingKey\x12\x1a\n" +
+	"\bmetadata\x18\x03 \x01(\tR\bmetadata\x12D\n" +
+	"\x04tags\x18\x04 \x03(\v20.kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntryR\x04tags\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x14\n" +
+	"\x05probe\x18\x06 \x01(\bR\x05probe\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"%\n" +
+	"\rReplyResponse\x12\x14\n" +
+	"\x05alive\x18\x01 \x01(\bR\x05alive2\x99\x02\n" +
 	"\bAMQPPeer\x12Y\n" +
 	"\x04Link\x12%.kubemqproxy.amqp.peer.v1.LinkRequest\x1a&.kubemqproxy.amqp.peer.v1.LinkResponse(\x010\x01\x12X\n" +
-	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
+	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponse\x12X\n" +
+	"\x05Reply\x12&.kubemqproxy.amqp.peer.v1.ReplyRequest\x1a'.kubemqproxy.amqp.peer.v1.ReplyResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
 
 var (
 	file_peer_proto_rawDescOnce sync.Once
@@ -1156,7 +1309,7 @@ func file_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_peer_proto_goTypes = []any{
 	(Settle_Op)(0),        // 0: kubemqproxy.amqp.peer.v1.Settle.Op
 	(QueueRequest_Op)(0),  // 1: kubemqproxy.amqp.peer.v1.QueueRequest.Op
@@ -1175,7 +1328,10 @@ var file_peer_proto_goTypes = []any{
 	(*Delivery)(nil),      // 14: kubemqproxy.amqp.peer.v1.Delivery
 	(*QueueRequest)(nil),  // 15: kubemqproxy.amqp.peer.v1.QueueRequest
 	(*QueueResponse)(nil), // 16: kubemqproxy.amqp.peer.v1.QueueResponse
-	nil,                   // 17: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	(*ReplyRequest)(nil),  // 17: kubemqproxy.amqp.peer.v1.ReplyRequest
+	(*ReplyResponse)(nil), // 18: kubemqproxy.amqp.peer.v1.ReplyResponse
+	nil,                   // 19: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	nil,                   // 20: kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
 }
 var file_peer_proto_depIdxs = []int32{
 	4,  // 0: kubemqproxy.amqp.peer.v1.LinkRequest.open:type_name -> kubemqproxy.amqp.peer.v1.Open
@@ -1191,18 +1347,21 @@ var file_peer_proto_depIdxs = []int32{
 	13, // 10: kubemqproxy.amqp.peer.v1.LinkResponse.cancelled:type_name -> kubemqproxy.amqp.peer.v1.Cancelled
 	10, // 11: kubemqproxy.amqp.peer.v1.LinkResponse.deliveries:type_name -> kubemqproxy.amqp.peer.v1.Deliveries
 	14, // 12: kubemqproxy.amqp.peer.v1.Deliveries.items:type_name -> kubemqproxy.amqp.peer.v1.Delivery
-	17, // 13: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	19, // 13: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
 	2,  // 14: kubemqproxy.amqp.peer.v1.QueueRequest.queue:type_name -> kubemqproxy.amqp.peer.v1.QueueRef
 	1,  // 15: kubemqproxy.amqp.peer.v1.QueueRequest.op:type_name -> kubemqproxy.amqp.peer.v1.QueueRequest.Op
-	3,  // 16: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
-	15, // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
-	9,  // 18: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
-	16, // 19: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
-	18, // [18:20] is the sub-list for method output_type
-	16, // [16:18] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	20, // 16: kubemqproxy.amqp.peer.v1.ReplyRequest.tags:type_name -> kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
+	3,  // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
+	15, // 18: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
+	17, // 19: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:input_type -> kubemqproxy.amqp.peer.v1.ReplyRequest
+	9,  // 20: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
+	16, // 21: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
+	18, // 22: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:output_type -> kubemqproxy.amqp.peer.v1.ReplyResponse
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1230,7 +1389,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

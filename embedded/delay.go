@@ -12,12 +12,25 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
-// delayed is a message waiting for its DelaySeconds to pass.
+// delayed is a message waiting for its DelaySeconds to pass. With a data directory only this
+// index is held (m is nil) and the message is read back from its record when it is due.
 type delayed struct {
-	id  uint64
-	due int64 // Unix ns
-	m   *kubemqpb.QueueMessage
-	seg uint32
+	id      uint64
+	due     int64 // Unix ns
+	m       *kubemqpb.QueueMessage
+	msgID   string // MessageID
+	channel string
+	lsn     uint64 // log position that holds the record
+	off     int64  // record offset in its segment
+	seg     uint32
+	n       uint32 // record length
+	rc      int32  // Attributes.ReceiveCount, for a record that cannot be read back
+}
+
+// newDelayed indexes m, stored as the record at off (n bytes) of segment seg.
+func newDelayed(id uint64, m *kubemqpb.QueueMessage, seg uint32, off int64, n int, lsn uint64) *delayed {
+	return &delayed{id: id, due: m.Attributes.DelayedTo, m: m, msgID: m.MessageID, channel: m.Channel, lsn: lsn, off: off, seg: seg,
+		n: uint32(n), rc: m.Attributes.ReceiveCount}
 }
 
 type delayHeap []*delayed
@@ -82,9 +95,13 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 		return 0, false
 	}
 	d.next++
-	x := &delayed{id: d.next, due: m.Attributes.DelayedTo, m: m}
-	lsn, x.seg = d.s.logDelayAdd(x.id, m)
-	d.s.mem.Add(messageSize(m))
+	lsn, seg, off, n := d.s.logDelayAdd(d.next, m)
+	x := newDelayed(d.next, m, seg, off, n, lsn)
+	if d.s.store != nil {
+		x.m = nil // in the log
+	} else {
+		d.s.mem.Add(messageSize(m))
+	}
 	d.ids[m.MessageID]++
 	first := true
 	if d.scan {
@@ -100,17 +117,16 @@ func (d *delayer) add(m *kubemqpb.QueueMessage) (lsn uint64, ok bool) {
 	return lsn, true
 }
 
-// restore puts back a delayed message found in the log (before start).
-func (d *delayer) restore(id uint64, m *kubemqpb.QueueMessage, seg uint32) {
+// restore puts back a delayed message found in the log (before start), as an index.
+func (d *delayer) restore(x *delayed) {
 	d.mu.Lock()
-	x := &delayed{id: id, due: m.Attributes.DelayedTo, m: m, seg: seg}
-	d.s.mem.Add(messageSize(m))
+	id := x.id
 	if d.scan {
 		d.fifo = append(d.fifo, x)
 	} else {
 		heap.Push(&d.h, x)
 	}
-	d.ids[m.MessageID]++
+	d.ids[x.msgID]++
 	if id > d.next {
 		d.next = id
 	}
@@ -144,8 +160,8 @@ func (d *delayer) start() {
 // forgetLocked drops the delivered messages from the MessageID count.
 func (d *delayer) forgetLocked(due []*delayed) {
 	for _, x := range due {
-		if d.ids[x.m.MessageID]--; d.ids[x.m.MessageID] <= 0 {
-			delete(d.ids, x.m.MessageID)
+		if d.ids[x.msgID]--; d.ids[x.msgID] <= 0 {
+			delete(d.ids, x.msgID)
 		}
 	}
 }
@@ -228,6 +244,11 @@ func (d *delayer) deliver(due []*delayed, now int64) {
 	ids := make([]uint64, len(due))
 	for i, x := range due {
 		m := x.m
+		if m == nil {
+			m = d.load(x)
+		} else {
+			d.s.mem.Add(-messageSize(m))
+		}
 		cp := &kubemqpb.QueueMessage{
 			MessageID: m.MessageID, ClientID: m.ClientID, Channel: m.Channel, Metadata: m.Metadata,
 			Body: m.Body, Tags: m.Tags, Policy: m.Policy,
@@ -239,11 +260,34 @@ func (d *delayer) deliver(due []*delayed, now int64) {
 		q, _ := d.s.lockQueue(m.Channel, false)
 		q.appendLocked(cp, now)
 		q.mu.Unlock()
-		d.s.mem.Add(-messageSize(m))
 		ids[i] = x.id
 	}
 	d.s.logDelayDone(ids)
 	for _, x := range due {
 		d.s.releaseSeg(x.seg)
 	}
+}
+
+// load reads a due message back from the log. A record that cannot be read back is logged and an
+// empty message with the index's channel and receive count takes its place (as mustLoad does for
+// queue messages), so the delay still ends and nothing panics.
+func (d *delayer) load(x *delayed) *kubemqpb.QueueMessage {
+	var err error
+	if d.s.store == nil {
+		err = errServerClosed
+	} else {
+		var p []byte
+		if p, err = d.s.store.readRecord(x.seg, x.off, int(x.n), x.lsn, recDelayAdd); err == nil {
+			var r record
+			if r, err = decodeRecord(recDelayAdd, p); err == nil && r.id != x.id {
+				err = errCorrupt
+			}
+			if err == nil {
+				return r.qm
+			}
+		}
+	}
+	d.s.log.Error("cannot read a delayed message back from the log", zap.String("channel", x.channel), zap.Error(err))
+	return &kubemqpb.QueueMessage{MessageID: x.msgID, Channel: x.channel, Attributes: &kubemqpb.QueueMessageAttributes{ReceiveCount: x.rc},
+		Policy: &kubemqpb.QueueMessagePolicy{}}
 }

@@ -13,8 +13,9 @@
 //
 // With Options.DataDir set, state is made durable in an append-only segment log with group commit
 // (storage.go, record.go, recovery.go; STORAGE.md has the engine comparison and sync policy):
-// every acknowledged send survives a process kill. Queue messages are then held as an index only
-// and read back from their segment when delivered.
+// every acknowledged send survives a process kill. Queue messages, events-store events and
+// delayed messages are then held as an index only and read back from their segment when
+// delivered, replayed or due (events sent while a subscription is live reach it from memory).
 //
 // The real server's store and queue limits (retention, purge of inactive channels, channel and
 // subscriber caps, messages and bytes per channel, the queue limits, the body limit) are Options

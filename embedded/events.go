@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -20,12 +21,26 @@ import (
 // server's cursor is at-most-once).
 const cursorSaveEvery = 1000
 
-// storedEvent is one events-store event; e is never mutated after it is stored.
+// storedEvent is one events-store event: what replay needs to find it (timestamp, size, where
+// its record is in the log) and, in memory or while a live subscription still has to read it,
+// the event itself. e is never mutated after it is stored. With a data directory e is dropped
+// once every running dispatcher of the channel has read past it (or the channel's share of whole
+// events, hotEventBytes, is exceeded), and the event is read back from its segment when a
+// subscription replays it (loadEvents).
 type storedEvent struct {
-	e    *kubemqpb.EventReceive
-	seg  uint32
-	size int64 // eventSize
+	e    *kubemqpb.EventReceive // nil when only in the log
+	ts   int64                  // Timestamp
+	lsn  uint64                 // log position that holds the record
+	off  int64                  // record offset in its segment
+	size int64                  // eventSize
+	seg  uint32                 // log segment holding the record (persistence)
+	n    uint32                 // record length
 }
+
+// hotEventBytes bounds the bytes of whole events a channel keeps for its running dispatchers
+// with a data directory; beyond it the oldest are dropped from memory and a dispatcher that lags
+// further behind reads them back from the log.
+const hotEventBytes = 4 << 20
 
 // eventChannel is one events-store channel. mu guards everything below it.
 type eventChannel struct {
@@ -33,7 +48,7 @@ type eventChannel struct {
 	mu      sync.Mutex
 	first   uint64 // sequence of events[0]; last+1 when empty
 	last    uint64
-	events  []*storedEvent
+	events  []storedEvent
 	bytes   int64         // sum of the events' sizes
 	notify  chan struct{} // closed at the next append when waiting is set
 	waiting bool
@@ -41,7 +56,18 @@ type eventChannel struct {
 	// purged is set when the channel was deleted for inactivity.
 	lastActive int64
 	purged     bool
+	// With a data directory: events from sequence hot on are held whole (hotBytes of them),
+	// older ones only in the log; readers are the running dispatchers, each with the last
+	// sequence it has read.
+	hot      uint64
+	hotBytes int64
+	readers  map[*eventReader]struct{}
+	// dropped counts events forgotten at the head of events since its array was allocated.
+	dropped int
 }
+
+// eventReader is one running dispatcher's position in its channel (guarded by the channel's mu).
+type eventReader struct{ pos uint64 }
 
 func (s *Server) getChannel(name string, create bool) *eventChannel {
 	s.mu.RLock()
@@ -60,7 +86,7 @@ func (s *Server) getChannel(name string, create bool) *eventChannel {
 
 // newChannelLocked creates and registers a channel. s.mu must be held for writing.
 func (s *Server) newChannelLocked(name string) *eventChannel {
-	c := &eventChannel{name: name, first: 1, notify: make(chan struct{}), lastActive: s.now().UnixNano()}
+	c := &eventChannel{name: name, first: 1, hot: 1, notify: make(chan struct{}), lastActive: s.now().UnixNano()}
 	s.channels[name] = c
 	return c
 }
@@ -70,11 +96,27 @@ func (c *eventChannel) appendLocked(s *Server, e *kubemqpb.EventReceive, now int
 	c.last++
 	e.Sequence = c.last
 	e.Timestamp = now
-	lsn, seg := s.logEvent(e)
+	lsn, seg, off, n := s.logEvent(e)
 	size := eventSize(e)
-	c.events = append(c.events, &storedEvent{e: e, seg: seg, size: size})
+	before := cap(c.events)
+	c.events = append(c.events, storedEvent{e: e, ts: now, lsn: lsn, off: off, size: size, seg: seg, n: uint32(n)})
+	if cap(c.events) != before {
+		c.dropped = 0
+	}
 	c.bytes += size
 	s.mem.Add(size)
+	if s.store != nil {
+		// Held whole only for the dispatchers running now; the send path hands it to them
+		// without a read.
+		c.hotBytes += size
+		if len(c.readers) == 0 {
+			c.spillTo(s, c.last)
+		} else {
+			for c.hotBytes > hotEventBytes && c.hot < c.last {
+				c.spillTo(s, c.hot)
+			}
+		}
+	}
 	c.lastActive = now
 	c.trimLocked(s, s.releaseSeg)
 	if c.waiting {
@@ -85,9 +127,75 @@ func (c *eventChannel) appendLocked(s *Server, e *kubemqpb.EventReceive, now int
 	return lsn
 }
 
+// spillTo drops from memory the whole events up to sequence upto (with a data directory; they
+// stay in the log).
+func (c *eventChannel) spillTo(s *Server, upto uint64) {
+	if s.store == nil {
+		return
+	}
+	c.hot = max(c.hot, c.first)
+	for c.hot <= upto && c.hot-c.first < uint64(len(c.events)) {
+		ev := &c.events[c.hot-c.first]
+		if ev.e != nil {
+			ev.e = nil
+			s.mem.Add(-ev.size)
+			c.hotBytes -= ev.size
+		}
+		c.hot++
+	}
+}
+
+// spillRead drops from memory what every running dispatcher has read (all, with none).
+func (c *eventChannel) spillRead(s *Server) {
+	upto := c.last
+	for r := range c.readers {
+		upto = min(upto, r.pos)
+	}
+	c.spillTo(s, upto)
+}
+
+// addReader registers a running dispatcher whose next read starts after sequence pos.
+func (c *eventChannel) addReader(pos uint64) *eventReader {
+	r := &eventReader{pos: pos}
+	c.mu.Lock()
+	if c.readers == nil {
+		c.readers = map[*eventReader]struct{}{}
+	}
+	c.readers[r] = struct{}{}
+	c.mu.Unlock()
+	return r
+}
+
+// removeReader unregisters a dispatcher that stopped.
+func (c *eventChannel) removeReader(s *Server, r *eventReader) {
+	c.mu.Lock()
+	delete(c.readers, r)
+	c.spillRead(s)
+	c.mu.Unlock()
+}
+
+// dropOldest forgets the first n events: their bytes, the memory of those held whole and their
+// log records (release).
+func (c *eventChannel) dropOldest(s *Server, n int, release func(seg uint32)) {
+	for i := range n {
+		ev := &c.events[i]
+		c.bytes -= ev.size
+		if ev.e != nil {
+			s.mem.Add(-ev.size)
+			if s.store != nil {
+				c.hotBytes -= ev.size
+			}
+		}
+		release(ev.seg)
+	}
+	c.dropHead(n)
+}
+
 // readFrom returns up to max events from sequence seq on (from the first retained one if seq is
-// older), or none and a channel closed at the next append.
-func (c *eventChannel) readFrom(seq uint64, max int) ([]*storedEvent, <-chan struct{}) {
+// older) with the sequence of the first, or none and a channel closed at the next append. r, when
+// set, is the reading dispatcher: what it has read is dropped from memory once every other
+// dispatcher has read it too.
+func (c *eventChannel) readFrom(s *Server, r *eventReader, seq uint64, max int) ([]storedEvent, uint64, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if seq < c.first {
@@ -95,12 +203,68 @@ func (c *eventChannel) readFrom(seq uint64, max int) ([]*storedEvent, <-chan str
 	}
 	if seq > c.last {
 		c.waiting = true
-		return nil, c.notify
+		if r != nil {
+			r.pos = c.last
+			c.spillRead(s)
+		}
+		return nil, seq, c.notify
 	}
 	i := int(seq - c.first)
 	j := min(len(c.events), i+max)
-	out := make([]*storedEvent, j-i)
+	out := make([]storedEvent, j-i)
 	copy(out, c.events[i:j])
+	if r != nil {
+		r.pos = seq + uint64(j-i) - 1
+		c.spillRead(s)
+	}
+	return out, seq, nil
+}
+
+// loadEvents returns the events of evs (numbered from first on), reading back from the log
+// those not held whole. Records that lie close together in one segment are read with one read.
+func (s *Server) loadEvents(evs []storedEvent, first uint64) ([]*kubemqpb.EventReceive, error) {
+	out := make([]*kubemqpb.EventReceive, len(evs))
+	for i := 0; i < len(evs); {
+		ev := &evs[i]
+		if ev.e != nil {
+			out[i] = ev.e
+			i++
+			continue
+		}
+		if s.store == nil {
+			return nil, errServerClosed
+		}
+		j, end, lsn := i+1, ev.off+int64(ev.n), ev.lsn
+		for j < len(evs) {
+			x := &evs[j]
+			if x.e != nil || x.seg != ev.seg || x.off < end || x.off+int64(x.n)-ev.off > readSpan {
+				break
+			}
+			end, lsn = x.off+int64(x.n), max(lsn, x.lsn)
+			j++
+		}
+		buf, err := s.store.readAt(ev.seg, ev.off, int(end-ev.off), lsn)
+		if err != nil {
+			return nil, err
+		}
+		for k := i; k < j; k++ {
+			x := &evs[k]
+			rel := x.off - ev.off
+			typ, p, n, err := unframe(buf[rel : rel+int64(x.n)])
+			if err == nil && (n != int(x.n) || typ != recEvent) {
+				err = errCorrupt
+			}
+			var e *kubemqpb.EventReceive
+			if err == nil {
+				e, _, err = parseEventRecord(p, true)
+			}
+			if err != nil || e.Sequence != first+uint64(k) || e.Timestamp != x.ts {
+				return nil, fmt.Errorf("embedded: event record of segment %d at %d is damaged", x.seg, x.off)
+			}
+			out[k] = e
+		}
+		i = j
+	}
 	return out, nil
 }
 
@@ -136,7 +300,7 @@ func (c *eventChannel) startCursor(mode kubemqpb.Subscribe_EventsStoreType, v in
 		lo, hi := 0, len(c.events)
 		for lo < hi {
 			m := (lo + hi) / 2
-			if c.events[m].e.Timestamp < from {
+			if c.events[m].ts < from {
 				lo = m + 1
 			} else {
 				hi = m
@@ -167,8 +331,9 @@ type durable struct {
 type storeMember struct {
 	out  chan *kubemqpb.EventReceive
 	gone chan struct{}
-	sent uint64 // last sequence sent to the client; owned by the stream handler until gone closes
-	left bool   // guarded by the durable's mu
+	fail chan error // an error that ends the subscription (events that cannot be read back)
+	sent uint64     // last sequence sent to the client; owned by the stream handler until gone closes
+	left bool       // guarded by the durable's mu
 }
 
 func durableKey(clientID, channel, group string) string {
@@ -179,8 +344,10 @@ func durableKey(clientID, channel, group string) string {
 }
 
 // dispatch hands the durable's events to its members round-robin until it has none. It is the
-// only writer of d.cursor while running.
-func (s *Server) dispatch(d *durable) {
+// only writer of d.cursor while running. r is its position in the channel, registered before it
+// started (so that the events sent from then on are kept whole for it).
+func (s *Server) dispatch(d *durable, r *eventReader) {
+	defer d.ch.removeReader(s, r)
 	for {
 		d.mu.Lock()
 		if len(d.members) == 0 || s.ctx.Err() != nil {
@@ -191,7 +358,7 @@ func (s *Server) dispatch(d *durable) {
 		}
 		cur := d.cursor
 		d.mu.Unlock()
-		evs, notify := d.ch.readFrom(cur+1, 256)
+		evs, first, notify := d.ch.readFrom(s, r, cur+1, 256)
 		if len(evs) == 0 {
 			s.saveCursor(d)
 			select {
@@ -202,11 +369,41 @@ func (s *Server) dispatch(d *durable) {
 			}
 			continue
 		}
-		for _, ev := range evs {
-			if !s.handOut(d, ev.e) {
+		es, err := s.loadEvents(evs, first)
+		if err != nil {
+			d.ch.mu.Lock()
+			gone := first < d.ch.first
+			d.ch.mu.Unlock()
+			if gone {
+				continue // dropped (retention, limits) while being read: read on from the first kept
+			}
+			s.failMembers(d, err)
+			continue
+		}
+		for _, e := range es {
+			if !s.handOut(d, e) {
 				break
 			}
 		}
+	}
+}
+
+// failMembers ends the durable's subscriptions with an error when its next events cannot be read
+// back from the log; the cursor stays before them. It waits a little, so that the dispatcher
+// does not spin until the members are gone.
+func (s *Server) failMembers(d *durable, err error) {
+	s.log.Error("cannot read stored events back from the log", zap.String("channel", d.channel), zap.Error(err))
+	d.mu.Lock()
+	for _, m := range d.members {
+		select {
+		case m.fail <- internalErr("Error 121: cannot read messages back from the store: " + err.Error()):
+		default:
+		}
+	}
+	d.mu.Unlock()
+	select {
+	case <-s.ctx.Done():
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
@@ -635,15 +832,17 @@ func (s *Server) subscribeStore(sub *kubemqpb.Subscribe, stream grpc.ServerStrea
 		s.logCursor(key, sub.Channel, d.saved)
 	}
 
-	m := &storeMember{out: make(chan *kubemqpb.EventReceive, s.opts.SubscriptionBuffer), gone: make(chan struct{})}
+	m := &storeMember{out: make(chan *kubemqpb.EventReceive, s.opts.SubscriptionBuffer), gone: make(chan struct{}), fail: make(chan error, 1)}
 	d.mu.Lock()
 	m.sent = d.cursor
 	d.members = append(d.members, m)
 	start := !d.running
 	d.running = true
+	cur := d.cursor
 	d.mu.Unlock()
 	if start {
-		s.goTracked(func() { s.dispatch(d) })
+		r := d.ch.addReader(cur)
+		s.goTracked(func() { s.dispatch(d, r) })
 	}
 	subscribed(stream)
 	err := s.serveMember(stream, m)
@@ -675,6 +874,8 @@ func (s *Server) serveMember(stream grpc.ServerStreamingServer[kubemqpb.EventRec
 				return err
 			}
 			m.sent = e.Sequence
+		case err := <-m.fail:
+			return err
 		case <-ctx.Done():
 			return nil
 		case <-s.ctx.Done():

@@ -159,31 +159,36 @@ func (q *queue) trimLocked() {
 func (c *eventChannel) trimLocked(s *Server, release func(seg uint32)) {
 	o := &s.opts
 	n := 0
+	bytes := c.bytes
 	for len(c.events)-n > 1 {
 		if !((o.MaxChannelMessages > 0 && len(c.events)-n > o.MaxChannelMessages) ||
-			(o.MaxChannelBytes > 0 && c.bytes > o.MaxChannelBytes)) {
+			(o.MaxChannelBytes > 0 && bytes > o.MaxChannelBytes)) {
 			break
 		}
-		ev := c.events[n]
-		c.bytes -= ev.size
-		s.mem.Add(-ev.size)
-		release(ev.seg)
+		bytes -= c.events[n].size
 		n++
 	}
-	c.dropHead(n)
+	c.dropOldest(s, n, release)
 }
 
-// dropHead forgets the first n events (already released).
+// dropHead forgets the first n events (already released). The array is copied once more of it
+// lies before the events than in them, so that a channel trimmed at its head does not keep what
+// it dropped.
 func (c *eventChannel) dropHead(n int) {
 	if n == 0 {
 		return
 	}
 	clear(c.events[:n])
 	c.events = c.events[n:]
-	if len(c.events) == 0 {
-		c.events = nil
-	}
 	c.first += uint64(n)
+	c.hot = max(c.hot, c.first)
+	c.dropped += n
+	switch {
+	case len(c.events) == 0:
+		c.events, c.dropped = nil, 0
+	case c.dropped > len(c.events) && c.dropped > 64:
+		c.events, c.dropped = append(make([]storedEvent, 0, len(c.events)+len(c.events)/4), c.events...), 0
+	}
 }
 
 func eventSize(e *kubemqpb.EventReceive) int64 {
@@ -266,11 +271,7 @@ func (s *Server) purgeInactive() {
 		c.purged = true
 		s.mu.Unlock()
 		n := len(c.events)
-		for _, ev := range c.events {
-			s.mem.Add(-ev.size)
-			s.releaseSeg(ev.seg)
-		}
-		c.dropHead(n)
+		c.dropOldest(s, n, s.releaseSeg)
 		c.bytes = 0
 		s.logPurge(recPurgeChannel, c.name)
 		c.mu.Unlock()

@@ -89,7 +89,9 @@ func TestPurgeInactive(t *testing.T) {
 		if dur || listed {
 			t.Fatalf("purged channel's durable kept %v, purged queue still listed %v", dur, listed)
 		}
-		if got := s.MemoryUsed(); got >= used {
+		// In memory the purged messages free their bytes; with a data dir they were held as an
+		// index only (nothing counted), and stay at nothing.
+		if got := s.MemoryUsed(); (dir == "" && got >= used) || (dir != "" && (used != 0 || got != 0)) {
 			t.Fatalf("memory used %d after the purge, %d before", got, used)
 		}
 		// A new send starts a new queue, from sequence 1.

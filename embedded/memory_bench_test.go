@@ -2,8 +2,10 @@ package embedded
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -229,4 +233,126 @@ func benchDrainMemory(b *testing.B, persisted bool, n int) {
 	if back < 0 {
 		b.Errorf("60 s after draining %d messages the heap is %.1f MiB above its baseline (want at most 32)", n, last-base)
 	}
+}
+
+// BenchmarkStoredEvents publishes -stored 1 KiB events to one events-store channel (straight to
+// the server, no gRPC; the log awaited every 100 events) in an in-memory server and in one with
+// a data directory, and reports the process's RSS and Go heap once they are stored (after a GC),
+// per event and in total, and the rate at which a StartFromFirst subscription over gRPC replays
+// them all; with a data dir also the restart time, the RSS and heap after it, and the replay rate
+// after the restart (records read back from the segments). One case per process:
+//
+//	go test -run x -bench 'StoredEvents/data-dir' -benchtime 1x -stored 1000000 ./embedded
+func BenchmarkStoredEvents(b *testing.B) {
+	for _, persisted := range []bool{false, true} {
+		name := "in-memory"
+		if persisted {
+			name = "data-dir"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				benchStoredEvents(b, persisted, *storedMessages)
+			}
+		})
+	}
+}
+
+func benchStoredEvents(b *testing.B, persisted bool, n int) {
+	opts := Options{Logger: zap.NewNop()}
+	if persisted {
+		opts.DataDir = b.TempDir()
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+	rss0 := vmRSS(b)
+	var ms0 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	s, err := New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { s.Stop() }()
+	body := make([]byte, 1024)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	start := time.Now()
+	var lsn uint64
+	for i := range n {
+		res, l, msg := s.publish(&kubemqpb.Event{ClientID: "bench", Channel: "stored", Body: append([]byte(nil), body...), Store: true,
+			Tags: map[string]string{"k": "v"}})
+		if msg != "" || !res.Sent {
+			b.Fatal(msg, res.Error)
+		}
+		lsn = l
+		if i%100 == 99 || i == n-1 {
+			if err := s.waitLog(lsn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rss := vmRSS(b)
+	heap := float64(ms.HeapAlloc - ms0.HeapAlloc)
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "ev/s")
+	b.ReportMetric(float64(rss-rss0)/(1<<20), "RSS-MiB")
+	b.ReportMetric(heap/(1<<20), "heap-MiB")
+	b.ReportMetric(float64(rss-rss0)/float64(n), "RSS-bytes/ev")
+	b.ReportMetric(heap/float64(n), "heap-bytes/ev")
+	b.ReportMetric(float64(procStatus(b, "VmHWM:"))/(1<<20), "peak-RSS-MiB")
+	b.ReportMetric(replayRate(b, s, n), "replay-ev/s")
+	if !persisted {
+		return
+	}
+	s.Stop()
+	runtime.GC()
+	debug.FreeOSMemory()
+	start = time.Now()
+	s, err = New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	recovery := time.Since(start)
+	runtime.GC()
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(recovery.Seconds(), "restart-s")
+	b.ReportMetric(float64(vmRSS(b)-rss0)/(1<<20), "restart-RSS-MiB")
+	b.ReportMetric(float64(ms.HeapAlloc-ms0.HeapAlloc)/(1<<20), "restart-heap-MiB")
+	b.ReportMetric(replayRate(b, s, n), "restart-replay-ev/s")
+}
+
+// replayRate subscribes to s's channel "stored" from the first event over gRPC and reads all n
+// events; it returns the rate.
+func replayRate(b *testing.B, s *Server, n int) float64 {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = s.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	sub, err := kubemqpb.NewKubemqClient(conn).SubscribeToEvents(ctx, &kubemqpb.Subscribe{
+		SubscribeTypeData: kubemqpb.Subscribe_EventsStore, ClientID: fmt.Sprintf("replay-%d", time.Now().UnixNano()), Channel: "stored",
+		EventsStoreTypeData: kubemqpb.Subscribe_StartFromFirst})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range n {
+		ev, err := sub.Recv()
+		if err != nil || ev.Sequence != uint64(i+1) || len(ev.Body) != 1024 || ev.Tags["k"] != "v" {
+			b.Fatalf("replay %d: %v", i, err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
 }

@@ -319,3 +319,55 @@ func TestCrashKill9(t *testing.T) {
 		t.Fatalf("data dir %v", ents)
 	}
 }
+
+// Events-store events replay from the log after a restart, whole (id, metadata, body, tags,
+// sequence, timestamp), from the first, from a sequence, from a time, from a time delta and from
+// the last; the sequence continues.
+func TestEventsStoreReplayAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	e, stop := startOn(t, dir)
+	const n = 300
+	for i := 1; i <= n; i++ {
+		r, err := e.c.SendEvent(e.ctx, &pb.Event{EventID: fmt.Sprintf("id%d", i), ClientID: "pub", Channel: "replay", Metadata: fmt.Sprintf("m%d", i),
+			Body: []byte(fmt.Sprintf("body %d", i)), Tags: map[string]string{"i": fmt.Sprint(i), "x": "y"}, Store: true})
+		if err != nil || !r.Sent {
+			t.Fatalf("publish %d: %v %+v", i, err, r)
+		}
+	}
+	read := func(e *env, s *sub, k int) []*pb.EventReceive {
+		t.Helper()
+		var out []*pb.EventReceive
+		for range k {
+			ev, err := s.s.Recv()
+			if err != nil {
+				t.Fatalf("recv: %v", err)
+			}
+			out = append(out, ev)
+		}
+		return out
+	}
+	before := read(e, e.mustSubscribe(storeSub("before", "replay", "", pb.Subscribe_StartFromFirst, 0)), n)
+	stop()
+
+	e2, _ := startOn(t, dir)
+	same := func(got []*pb.EventReceive, from int) {
+		t.Helper()
+		for k, ev := range got {
+			w := before[from-1+k]
+			if ev.Sequence != uint64(from+k) || ev.EventID != w.EventID || ev.Channel != "replay" || ev.Metadata != w.Metadata ||
+				string(ev.Body) != string(w.Body) || ev.Timestamp != w.Timestamp || len(ev.Tags) != 2 || ev.Tags["i"] != w.Tags["i"] || ev.Tags["x"] != "y" {
+				t.Fatalf("after restart event %d is %+v, before %+v", from+k, ev, w)
+			}
+		}
+	}
+	same(read(e2, e2.mustSubscribe(storeSub("first", "replay", "", pb.Subscribe_StartFromFirst, 0)), n), 1)
+	same(read(e2, e2.mustSubscribe(storeSub("seq", "replay", "", pb.Subscribe_StartAtSequence, 250)), n-249), 250)
+	same(read(e2, e2.mustSubscribe(storeSub("time", "replay", "", pb.Subscribe_StartAtTime, before[199].Timestamp)), n-199), 200)
+	same(read(e2, e2.mustSubscribe(storeSub("delta", "replay", "", pb.Subscribe_StartAtTimeDelta, 3600)), n), 1)
+	last := e2.mustSubscribe(storeSub("last", "replay", "", pb.Subscribe_StartFromLast, 0))
+	same(read(e2, last, 1), n)
+	e2.publish("replay", true, "new")
+	if got := last.next(1); got != fmt.Sprintf("new@%d", n+1) {
+		t.Fatalf("after the replay: %s", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -149,6 +150,15 @@ type record struct {
 // message's messageSize. The record is read back whole when it is delivered. Malformed input is
 // an error, never a panic.
 func indexQueueRecord(p []byte) (record, error) {
+	r, err := indexQueueFields(p)
+	if err == nil && (r.qm.Attributes == nil || r.qm.Policy == nil || r.qm.Attributes.Sequence == 0) {
+		err = errCorrupt
+	}
+	return r, err
+}
+
+// indexQueueFields is indexQueueRecord without the checks of a queue copy's fields.
+func indexQueueFields(p []byte) (record, error) {
 	r := record{typ: recQueueMsg, qm: &kubemqpb.QueueMessage{}}
 	m := r.qm
 	for len(p) > 0 {
@@ -170,7 +180,10 @@ func indexQueueRecord(p []byte) (record, error) {
 		}
 		p = p[n:]
 		switch num {
-		case 1, 2, 4, 5: // MessageID, ClientID, Metadata, Body
+		case 1:
+			m.MessageID = string(v)
+			r.size += int64(len(v))
+		case 2, 4, 5: // ClientID, Metadata, Body
 			r.size += int64(len(v))
 		case 3:
 			m.Channel = string(v)
@@ -204,10 +217,142 @@ func indexQueueRecord(p []byte) (record, error) {
 			}
 		}
 	}
-	if m.Attributes == nil || m.Policy == nil || m.Attributes.Sequence == 0 {
-		return r, errCorrupt
-	}
 	return r, nil
+}
+
+// indexDelayRecord reads what recovery keeps of a delayed message's record (recDelayAdd): its id
+// and the message as indexQueueRecord reads it (MessageID, Channel, Attributes, Policy).
+func indexDelayRecord(p []byte) (record, error) {
+	d := &dec{b: p}
+	id := d.uvarint()
+	if d.err != nil {
+		return record{}, errCorrupt
+	}
+	r, err := indexQueueFields(d.rest())
+	r.typ, r.id = recDelayAdd, id
+	if err == nil && (r.qm.Attributes == nil || r.qm.Policy == nil) {
+		err = errCorrupt
+	}
+	return r, err // a delayed message has no sequence yet
+}
+
+// indexEventRecord reads what recovery keeps of an event record (recEvent): an event with only
+// Channel, Sequence and Timestamp, and its eventSize. The record is read back whole when a
+// subscription replays it.
+func indexEventRecord(p []byte) (record, error) {
+	e, size, err := parseEventRecord(p, false)
+	return record{typ: recEvent, ev: e, size: size}, err
+}
+
+// parseEventRecord decodes an event record (protobuf EventReceive) without reflection. With full
+// unset it keeps only Channel, Sequence and Timestamp; size is the event's eventSize either way.
+// Body aliases p. Like proto.Unmarshal, the last of a repeated field wins and strings must be
+// UTF-8; unknown fields are skipped. Malformed input is an error, never a panic.
+func parseEventRecord(p []byte, full bool) (e *kubemqpb.EventReceive, size int64, err error) {
+	e = &kubemqpb.EventReceive{}
+	var lens [5]int64         // of fields 1-4 as last seen; [0] unused
+	var tags map[string]int64 // value lengths by key (the last of a repeated key wins)
+	for len(p) > 0 {
+		num, typ, n := protowire.ConsumeTag(p)
+		if n < 0 {
+			return nil, 0, errCorrupt
+		}
+		p = p[n:]
+		switch {
+		case (num == 5 || num == 6) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(p)
+			if n < 0 {
+				return nil, 0, errCorrupt
+			}
+			p = p[n:]
+			if num == 5 {
+				e.Timestamp = int64(v)
+			} else {
+				e.Sequence = v
+			}
+			continue
+		case num >= 1 && num <= 4 && typ == protowire.BytesType, num == 7 && typ == protowire.BytesType:
+		default:
+			if n = protowire.ConsumeFieldValue(num, typ, p); n < 0 {
+				return nil, 0, errCorrupt
+			}
+			p = p[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(p)
+		if n < 0 {
+			return nil, 0, errCorrupt
+		}
+		p = p[n:]
+		if num != 4 && num != 7 && !utf8.Valid(v) {
+			return nil, 0, errCorrupt
+		}
+		switch num {
+		case 1:
+			lens[1] = int64(len(v))
+			if full {
+				e.EventID = string(v)
+			}
+		case 2:
+			lens[2] = int64(len(v))
+			e.Channel = string(v)
+		case 3:
+			lens[3] = int64(len(v))
+			if full {
+				e.Metadata = string(v)
+			}
+		case 4:
+			lens[4] = int64(len(v))
+			if full {
+				e.Body = v
+			}
+		case 7: // one Tags entry: key 1, value 2
+			var k, val []byte
+			for len(v) > 0 {
+				fn, t, kn := protowire.ConsumeTag(v)
+				if kn < 0 {
+					return nil, 0, errCorrupt
+				}
+				v = v[kn:]
+				if (fn == 1 || fn == 2) && t == protowire.BytesType {
+					b, l := protowire.ConsumeBytes(v)
+					if l < 0 || !utf8.Valid(b) {
+						return nil, 0, errCorrupt
+					}
+					if fn == 1 {
+						k = b
+					} else {
+						val = b
+					}
+					v = v[l:]
+					continue
+				}
+				l := protowire.ConsumeFieldValue(fn, t, v)
+				if l < 0 {
+					return nil, 0, errCorrupt
+				}
+				v = v[l:]
+			}
+			if tags == nil {
+				tags = map[string]int64{}
+			}
+			tags[string(k)] = int64(len(val))
+			if full {
+				if e.Tags == nil {
+					e.Tags = map[string]string{}
+				}
+				e.Tags[string(k)] = string(val)
+			}
+		}
+	}
+	size = lens[1] + lens[2] + lens[3] + lens[4]
+	for k, v := range tags {
+		size += int64(len(k)) + v
+	}
+	if e.Sequence == 0 {
+		return nil, 0, errCorrupt
+	}
+	return e, size, nil
 }
 
 // decodeRecord parses a payload of the given type. Unknown types and malformed payloads are

@@ -69,9 +69,14 @@ func (rc *recovery) replaySegment(id uint32) error {
 		}
 		if err == nil {
 			var r record
-			if typ == recQueueMsg {
+			switch typ {
+			case recQueueMsg:
 				r, err = indexQueueRecord(payload) // the index only: the body stays on disk
-			} else {
+			case recEvent:
+				r, err = indexEventRecord(payload) // likewise
+			case recDelayAdd:
+				r, err = indexDelayRecord(payload) // likewise
+			default:
 				r, err = decodeRecord(typ, payload)
 			}
 			if err == nil {
@@ -134,13 +139,13 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 			c.first = e.Sequence
 		}
 		c.last = e.Sequence
-		size := eventSize(e)
-		c.events = append(c.events, &storedEvent{e: e, seg: seg, size: size})
-		c.bytes += size
-		s.mem.Add(size)
+		c.hot = c.last + 1 // held in the log only
+		c.events = append(c.events, storedEvent{ts: e.Timestamp, off: off, size: r.size, seg: seg, n: uint32(n)})
+		c.bytes += r.size
 		c.trimLocked(s, rc.st.release) // the same rule as at publish
 	case recDelayAdd:
-		rc.delays[r.id] = &delayed{id: r.id, m: r.qm, seg: seg}
+		rc.delays[r.id] = newDelayed(r.id, r.qm, seg, off, n, 0)
+		rc.delays[r.id].m = nil // read back when due
 		si.live.Add(1)
 	case recDelayDone:
 		for _, id := range r.nums {
@@ -173,10 +178,7 @@ func (rc *recovery) apply(r record, seg uint32, si *segInfo, off int64, n int) {
 			return
 		}
 		if c := s.channels[r.name]; c != nil {
-			for _, ev := range c.events {
-				s.mem.Add(-ev.size)
-				rc.st.release(ev.seg)
-			}
+			c.dropOldest(s, len(c.events), rc.st.release)
 			delete(s.channels, r.name)
 			for k, d := range s.durables {
 				if d.ch == c {
@@ -236,9 +238,10 @@ func (rc *recovery) finish() {
 		if len(c.events) == 0 && c.first <= c.last {
 			c.first = c.last + 1
 		}
+		c.hot = c.last + 1
 	}
 	for _, d := range rc.delays {
-		s.delays.restore(d.id, d.m, d.seg)
+		s.delays.restore(d)
 	}
 	for _, d := range s.durables {
 		if d.ch != nil {

@@ -100,7 +100,9 @@ type Options struct {
 	// delayed messages, events; bodies, metadata, tags and ids). A send that would go beyond it
 	// is refused with an error that starts with "Error 130: memory limit reached" (a queue
 	// result's IsError, or an events-store Result's Sent=false), so a client sees a clear,
-	// retryable refusal instead of the process being killed. 0 = unlimited.
+	// retryable refusal instead of the process being killed. 0 = unlimited. With a DataDir only
+	// what is held whole counts (events kept for live subscriptions): stored queue messages,
+	// events and delayed messages are held as an index only.
 	MaxMemory int64
 
 	// MaxMessageBytes bounds one message (body + metadata + tags). Default 100 MiB - 64 KiB, so

@@ -63,6 +63,7 @@ type logStore struct {
 
 	rmu    sync.Mutex          // guards rfiles
 	rfiles map[uint32]*os.File // read-only descriptors of segments records are read back from
+	reads  atomic.Int64        // reads of records back from segments (for tests)
 }
 
 type chunk struct {
@@ -254,6 +255,7 @@ func (st *logStore) readAt(seg uint32, off int64, n int, lsn uint64) ([]byte, er
 		st.rfiles[seg] = f
 	}
 	st.rmu.Unlock()
+	st.reads.Add(1)
 	buf := make([]byte, n)
 	if _, err := f.ReadAt(buf, off); err != nil {
 		return nil, fmt.Errorf("embedded: read back records of segment %d at %d: %w", seg, off, err)
@@ -528,13 +530,15 @@ func (s *Server) logQueueDel(name string, seqs []uint64) {
 	s.store.append(recQueueDel, b, false)
 }
 
-func (s *Server) logDelayAdd(id uint64, m *kubemqpb.QueueMessage) (uint64, uint32) {
+func (s *Server) logDelayAdd(id uint64, m *kubemqpb.QueueMessage) (lsn uint64, seg uint32, off int64, n int) {
 	if s.store == nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	b := binary.AppendUvarint(nil, id)
 	b, _ = proto.MarshalOptions{}.MarshalAppend(b, m)
-	return s.store.append(recDelayAdd, b, true)
+	return s.store.appendFrame(int64(frameHeader+len(b)), true, func(dst []byte) []byte {
+		return frame(dst, recDelayAdd, b)
+	})
 }
 
 func (s *Server) logDelayDone(ids []uint64) {
@@ -548,12 +552,11 @@ func (s *Server) logDelayDone(ids []uint64) {
 	s.store.append(recDelayDone, b, false)
 }
 
-func (s *Server) logEvent(e *kubemqpb.EventReceive) (uint64, uint32) {
+func (s *Server) logEvent(e *kubemqpb.EventReceive) (lsn uint64, seg uint32, off int64, n int) {
 	if s.store == nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
-	lsn, seg, _, _ := s.store.appendMessage(recEvent, e, true)
-	return lsn, seg
+	return s.store.appendMessage(recEvent, e, true)
 }
 
 func (s *Server) logCursor(key, channel string, cur uint64) {
@@ -614,17 +617,10 @@ func (s *Server) applyRetention() {
 	for _, c := range cs {
 		c.mu.Lock()
 		n := 0
-		for n < len(c.events) && c.events[n].e.Timestamp < cutoff {
-			s.releaseSeg(c.events[n].seg)
-			c.bytes -= c.events[n].size
-			s.mem.Add(-c.events[n].size)
+		for n < len(c.events) && c.events[n].ts < cutoff {
 			n++
 		}
-		if n > 0 {
-			clear(c.events[:n])
-			c.events = append(c.events[:0:0], c.events[n:]...)
-			c.first += uint64(n)
-		}
+		c.dropOldest(s, n, s.releaseSeg)
 		c.mu.Unlock()
 	}
 	for _, q := range qs {

@@ -73,7 +73,7 @@ const (
 // reservedTag reports whether a header name may not be mirrored as a tag.
 func reservedTag(name string) bool {
 	switch name {
-	case TagExchange, TagRoutingKey, tagDeliveryMode, tagPriority, tagTimestamp:
+	case TagExchange, TagRoutingKey, tagDeliveryMode, tagPriority, tagTimestamp, tagExpiresAt:
 		return true
 	}
 	for _, p := range propertyTags {

@@ -1,0 +1,97 @@
+package amqp091
+
+import (
+	"context"
+
+	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+)
+
+// Length limits (x-max-length with x-overflow), as RabbitMQ counts them:
+// ready messages only (deliveries out are not counted). The length is the
+// queue's ready count as declare-ok reports it (readyCount: KubeMQ's count
+// of the queue, from any replica, plus what the holder's lease engine has
+// read ahead), taken after the publishing channel's earlier publishes are
+// stored, so one channel's publishes are counted exactly; publishes of
+// other channels or replicas still in flight at that moment are not.
+// x-max-length-bytes is validated and stored but not enforced: KubeMQ
+// counts bytes with its own overheads (lease records, metadata), not the
+// body bytes RabbitMQ counts.
+
+// limitsLength reports whether q has a length limit the proxy enforces.
+func (q *queue) limitsLength() bool { return q.maxLen >= 0 }
+
+// queueLength returns q's ready count after the channel's publishes are
+// stored; known is false when KubeMQ cannot count q.
+func (ch *channel) queueLength(q *queue) (int64, bool, error) {
+	if err := ch.awaitPublishes(); err != nil {
+		return 0, false, err
+	}
+	n, known, err := ch.c.srv.readyCount(ch.c.ctx, q)
+	return int64(n), known, err
+}
+
+// wouldOverflow reports whether one more message would take q over its
+// limit (rabbit_amqqueue_process:will_overflow): reject-publish refuses it.
+func (ch *channel) wouldOverflow(q *queue, size int) (bool, error) {
+	n, known, err := ch.queueLength(q)
+	if err != nil || !known {
+		return false, err
+	}
+	return n+1 > q.maxLen, nil
+}
+
+// deadLetterRefused dead-letters a publish that reject-publish-dlx refused
+// (reason maxlen). Nothing was stored in q, so nothing waits for it.
+func (s *Server) deadLetterRefused(q *queue, exchange, key string, props *wire.Properties, body []byte) {
+	if !q.hasDLX {
+		s.m.dropped.WithLabelValues(reasonMaxLen).Inc()
+		return
+	}
+	s.m.deadLettered.WithLabelValues(reasonMaxLen).Inc()
+	s.deadLetterMessage(q, exchange, key, *props, body, reasonMaxLen, func(ok bool) {
+		if !ok {
+			s.log.Warn("dead-lettering a refused publish failed", zap.String("queue", q.name))
+		}
+	})
+}
+
+// dropHead removes, once the channel's publishes are stored, the oldest
+// ready messages of each queue in qs beyond its x-max-length (drop-head),
+// dead-lettering them (reason maxlen) when the queue says so. The replica
+// that holds a queue trims it; a queue another replica holds is trimmed
+// by that replica's next publish to it, not by this one.
+func (ch *channel) dropHead(qs []*queue) error {
+	s := ch.c.srv
+	for _, q := range qs {
+		n, known, err := ch.queueLength(q)
+		if err != nil {
+			return err
+		}
+		excess := n - q.maxLen
+		if !known || excess <= 0 {
+			continue
+		}
+		h, _, err := ch.resolve(q)
+		if err != nil {
+			return err
+		}
+		if h == nil {
+			continue
+		}
+		for excess > 0 {
+			ctx, cancel := context.WithTimeout(ch.c.ctx, getWait)
+			ds, err := h.TryFetch(ctx, int(min(excess, maxFetch)))
+			cancel()
+			if err != nil || len(ds) == 0 {
+				break
+			}
+			for _, d := range ds {
+				s.remove(q, h, d, reasonMaxLen)
+			}
+			excess -= int64(len(ds))
+		}
+	}
+	return nil
+}

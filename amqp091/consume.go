@@ -762,6 +762,9 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 			continue
 		}
 		switch {
+		case requeue != nil && requeue[i] && u.queue.overDeliveryLimit(u.d) && !u.queue.isDeleted():
+			ch.c.srv.remove(u.queue, u.h, u.d, reasonDeliveryLimit)
+			ch.c.srv.m.acked.Inc()
 		case requeue != nil && requeue[i] && !u.queue.isDeleted():
 			b := get(u.h)
 			b.back = append(b.back, u.d.LeaseID)

@@ -28,6 +28,9 @@ const (
 	reasonRejected = "rejected"
 	reasonExpired  = "expired"
 	reasonMaxLen   = "maxlen"
+	// reasonDeliveryLimit: a quorum queue's message returned more often
+	// than its x-delivery-limit.
+	reasonDeliveryLimit = "delivery_limit"
 )
 
 // tagExpiresAt is a stored copy's expiry in Unix milliseconds (the proxy's

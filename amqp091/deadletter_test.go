@@ -396,3 +396,35 @@ func TestDeathHeadersUnit(t *testing.T) {
 		t.Fatal("a cycle with a reject is not automatic")
 	}
 }
+
+// A quorum queue's x-delivery-limit: the message returned once more than
+// the limit is dead-lettered with reason delivery_limit.
+func TestDeliveryLimitQuorum(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := confirmChannel(t, e, c)
+		declare(t, ch, "dead")
+		if _, err := ch.QueueDeclare("qq", true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(1),
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ch.QueueDelete("qq", false, false, false) })
+		publishWith(t, ch, "qq", amqp.Publishing{Body: []byte("m")})
+		_, msgs := consumeWith(t, e, c, "qq", 1, nil)
+		for i := range 2 {
+			m := mustRecv(t, msgs, fmt.Sprint("delivery ", i+1))
+			if m.Redelivered != (i > 0) {
+				t.Fatalf("delivery %d: redelivered %v", i+1, m.Redelivered)
+			}
+			if err := m.Nack(false, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, ok := getWithin(t, ch, "dead", 5*time.Second)
+		if !ok || string(m.Body) != "m" {
+			t.Fatalf("dead: %q %v", m.Body, ok)
+		}
+		checkDeath(t, deaths(t, m)[0], 1, "delivery_limit", "qq", "", []string{"qq"}, "")
+		nothingMore(t, 300*time.Millisecond, "after the delivery limit", msgs)
+	})
+}

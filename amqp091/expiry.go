@@ -230,3 +230,10 @@ func (s *Server) tryFetchLive(ctx context.Context, q *queue, h *delivery.Handle)
 		}
 	}
 }
+
+// overDeliveryLimit reports whether returning d to q would exceed q's
+// x-delivery-limit (a quorum queue's delivery count: the returns so far,
+// this one included, rabbit_fifo's delivery_count > delivery_limit).
+func (q *queue) overDeliveryLimit(d *delivery.Delivery) bool {
+	return q.deliveryLimit >= 0 && int64(d.Attempt) > q.deliveryLimit
+}

@@ -388,8 +388,16 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 	}
 	switch {
 	case st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted():
-		l.h.Requeue(ids...)
-		l.s.m.requeued.Add(float64(len(ids)))
+		back := ids[:0]
+		for i, d := range ds {
+			if l.q.overDeliveryLimit(d) {
+				l.s.remove(l.q, l.h, d, reasonDeliveryLimit)
+				continue
+			}
+			back = append(back, ids[i])
+		}
+		l.h.Requeue(back...)
+		l.s.m.requeued.Add(float64(len(back)))
 	case st.Op == peerpb.Settle_REJECT && l.q.hasDLX:
 		for _, d := range ds {
 			l.s.rejectToDLX(l.q, l.h, d)

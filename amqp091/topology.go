@@ -309,7 +309,10 @@ type queue struct {
 	maxBytes int64         // x-max-length-bytes; -1 = none
 	overflow string        // x-overflow: drop-head (default), reject-publish, reject-publish-dlx
 	expires  time.Duration // x-expires; 0 = none
-	reap     reaper        // expiry at the head and x-expires (expiry.go)
+	// deliveryLimit is a quorum queue's x-delivery-limit (-1 = none): a
+	// message returned more often is dead-lettered (delivery_limit).
+	deliveryLimit int64
+	reap          reaper // expiry at the head and x-expires (expiry.go)
 	// incarnation numbers the queues that had this name (queueChannel).
 	incarnation uint64
 
@@ -353,6 +356,10 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 	}
 	if ms, ok := intArg(args["x-expires"]); ok && ms > 0 {
 		q.expires = time.Duration(ms) * time.Millisecond
+	}
+	q.deliveryLimit = -1
+	if n, ok := intArg(args["x-delivery-limit"]); ok && n >= 0 && isString(args["x-queue-type"], "quorum") {
+		q.deliveryLimit = n
 	}
 	q.reap.lastUse.Store(time.Now().UnixNano())
 	return q

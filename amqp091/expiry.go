@@ -26,8 +26,9 @@ import (
 
 // reaper is a queue's expiry goroutine state.
 type reaper struct {
-	mu      sync.Mutex // guards running
+	mu      sync.Mutex // guards running, trims
 	running bool
+	trims   []func()      // drop-head trims requested: called when done (limits.go)
 	msgTTL  atomic.Bool   // a message with an expiration was sent to the queue
 	kick    chan struct{} // cap 1: look again now (set on first start)
 	lastUse atomic.Int64  // Unix ns of the last use (x-expires): declare, consume, get, consumer gone
@@ -42,7 +43,21 @@ const reapIdle = time.Second
 func (q *queue) touch() { q.reap.lastUse.Store(time.Now().UnixNano()) }
 
 // needsReaper reports whether q has anything for a reaper to do.
-func (q *queue) needsReaper() bool { return q.hasTTL || q.expires > 0 || q.reap.msgTTL.Load() }
+func (q *queue) needsReaper() bool {
+	return q.hasTTL || q.expires > 0 || q.reap.msgTTL.Load() || q.dropsHead()
+}
+
+// dropsHead reports whether q trims its head to its length limit.
+func (q *queue) dropsHead() bool { return q.limitsLength() && q.overflow == "drop-head" }
+
+// takeTrims returns the trims requested so far.
+func (r *reaper) takeTrims() []func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.trims
+	r.trims = nil
+	return t
+}
 
 // startReaper runs q's reaper if q needs one and it is not running.
 func (s *Server) startReaper(q *queue) {
@@ -67,9 +82,6 @@ func (s *Server) startReaper(q *queue) {
 	go func() {
 		defer s.wg.Done()
 		s.reap(q)
-		q.reap.mu.Lock()
-		q.reap.running = false
-		q.reap.mu.Unlock()
 	}()
 }
 
@@ -78,6 +90,14 @@ func (s *Server) reap(q *queue) {
 	defer func() {
 		if h != nil {
 			h.Close()
+		}
+		q.reap.mu.Lock()
+		trims := q.reap.trims
+		q.reap.trims = nil
+		q.reap.running = false
+		q.reap.mu.Unlock()
+		for _, f := range trims {
+			f() // nobody trims any more: the channels need not wait
 		}
 	}()
 	t := time.NewTimer(0)
@@ -104,11 +124,15 @@ func (s *Server) reap(q *queue) {
 				wait = left
 			}
 		}
-		if (q.hasTTL || q.reap.msgTTL.Load()) && !q.consumersCanTake() {
+		trims := q.reap.takeTrims()
+		head := (q.hasTTL || q.reap.msgTTL.Load()) && !q.consumersCanTake()
+		if head || len(trims) > 0 {
 			if h == nil {
 				var err error
 				h, err = s.deliveries.Acquire(s.ctx, q.channel)
-				if err != nil {
+				if err == nil {
+					h.SetReadAhead(readAhead) // the head one by one, from the engine's buffer
+				} else {
 					// Another replica holds the queue: its hand-outs and
 					// its reaper expire the messages.
 					h = nil
@@ -117,12 +141,18 @@ func (s *Server) reap(q *queue) {
 					}
 				}
 			}
-			if h != nil {
+			if h != nil && len(trims) > 0 {
+				s.trim(q, h)
+			}
+			for _, f := range trims {
+				f()
+			}
+			if h != nil && head {
 				if next, ok := s.expireHead(q, h); ok {
 					wait = min(wait, max(time.Until(next), time.Millisecond))
 				}
 			}
-		} else if h != nil {
+		} else if h != nil && !q.dropsHead() {
 			h.Close() // consumers take the messages now; they expire them
 			h = nil
 		}

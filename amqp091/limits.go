@@ -6,15 +6,19 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
 // Length limits (x-max-length with x-overflow), as RabbitMQ counts them:
 // ready messages only (deliveries out are not counted). The length is the
 // queue's ready count as declare-ok reports it (readyCount: KubeMQ's count
 // of the queue, from any replica, plus what the holder's lease engine has
-// read ahead), taken after the publishing channel's earlier publishes are
-// stored, so one channel's publishes are counted exactly; publishes of
-// other channels or replicas still in flight at that moment are not.
+// read ahead). reject-publish takes it after the publishing channel's
+// earlier publishes are stored, so one channel's publishes are counted
+// exactly; publishes of other channels or replicas still in flight at that
+// moment are not. drop-head trims after the store, on the queue's reaper
+// (the replica that holds the queue), and the publishing channel's later
+// methods wait for that trim.
 // x-max-length-bytes is validated and stored but not enforced: KubeMQ
 // counts bytes with its own overheads (lease records, metadata), not the
 // body bytes RabbitMQ counts.
@@ -57,41 +61,34 @@ func (s *Server) deadLetterRefused(q *queue, exchange, key string, props *wire.P
 	})
 }
 
-// dropHead removes, once the channel's publishes are stored, the oldest
-// ready messages of each queue in qs beyond its x-max-length (drop-head),
-// dead-lettering them (reason maxlen) when the queue says so. The replica
-// that holds a queue trims it; a queue another replica holds is trimmed
-// by that replica's next publish to it, not by this one.
-func (ch *channel) dropHead(qs []*queue) error {
-	s := ch.c.srv
-	for _, q := range qs {
-		n, known, err := ch.queueLength(q)
-		if err != nil {
-			return err
-		}
-		excess := n - q.maxLen
-		if !known || excess <= 0 {
-			continue
-		}
-		h, _, err := ch.resolve(q)
-		if err != nil {
-			return err
-		}
-		if h == nil {
-			continue
-		}
-		for excess > 0 {
-			ctx, cancel := context.WithTimeout(ch.c.ctx, getWait)
-			ds, err := h.TryFetch(ctx, int(min(excess, maxFetch)))
-			cancel()
-			if err != nil || len(ds) == 0 {
-				break
-			}
-			for _, d := range ds {
-				s.remove(q, h, d, reasonMaxLen)
-			}
-			excess -= int64(len(ds))
-		}
+// requestTrim asks q's reaper to remove the oldest ready messages beyond
+// x-max-length (drop-head) and to call done afterwards. Requests that
+// arrive while a trim runs are served by the next one, so a burst of
+// publishes costs one count and one fetch per pass.
+func (s *Server) requestTrim(q *queue, done func()) {
+	q.reap.mu.Lock()
+	q.reap.trims = append(q.reap.trims, done)
+	q.reap.mu.Unlock()
+	s.startReaper(q)
+}
+
+// trim is one drop-head pass over q through h: the oldest ready messages
+// beyond x-max-length are dropped, or dead-lettered (reason maxlen).
+func (s *Server) trim(q *queue, h *delivery.Handle) {
+	n, known, err := s.localReadyCount(s.ctx, q.channel)
+	if err != nil || !known {
+		return
 	}
-	return nil
+	for excess := int64(n) - q.maxLen; excess > 0; {
+		ctx, cancel := context.WithTimeout(s.ctx, getWait)
+		ds, err := h.TryFetch(ctx, int(min(excess, maxFetch)))
+		cancel()
+		if err != nil || len(ds) == 0 {
+			return
+		}
+		for _, d := range ds {
+			s.remove(q, h, d, reasonMaxLen)
+		}
+		excess -= int64(len(ds))
+	}
 }

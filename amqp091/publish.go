@@ -121,11 +121,16 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	}
 	n, confirm, t := held, ch.confirm, &ch.confirms
 	held = 0
-	ch.inflight.Add(1)
+	// A drop-head queue's trim counts as part of the publish for the
+	// channel's later methods (a get sees the queue trimmed).
+	ch.inflight.Add(1 + int64(len(limited)))
 	srv := c.srv
 	done := newPubDone(len(msgs), func(ok bool) {
 		for _, q := range reap {
 			srv.startReaper(q) // or wakes it: the head may be new
+		}
+		for _, q := range limited {
+			srv.requestTrim(q, ch.publishDone)
 		}
 		c.unpend(n)
 		if confirm {
@@ -142,9 +147,6 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 			}
 			return errShutdown()
 		}
-	}
-	if len(limited) > 0 {
-		return ch.dropHead(limited)
 	}
 	return nil
 }

@@ -428,3 +428,40 @@ func TestDeliveryLimitQuorum(t *testing.T) {
 		nothingMore(t, 300*time.Millisecond, "after the delivery limit", msgs)
 	})
 }
+
+// FuzzDeathHeaders: whatever headers a client sent (an x-death of any
+// shape included), dead-lettering builds headers that store and decode.
+func FuzzDeathHeaders(f *testing.F) {
+	seed := func(t wire.Table) []byte {
+		b, err := wire.AppendTable(nil, t)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return b[4:]
+	}
+	f.Add(seed(wire.Table{}), "rejected")
+	f.Add(seed(wire.Table{"x-death": "not an array"}), "expired")
+	f.Add(seed(wire.Table{"x-death": []any{int32(1), wire.Table{"queue": "w", "reason": "expired", "count": "x"}}}), "expired")
+	f.Add(seed(wire.Table{"CC": []any{"a", int8(1)}, "x-death": []any{wire.Table{"queue": []byte("w")}}}), "maxlen")
+	f.Fuzz(func(t *testing.T, table []byte, reason string) {
+		h, err := wire.DecodeTableFields(table)
+		if err != nil {
+			return
+		}
+		q := &queue{name: "w", dlrk: "k", hasDLRK: len(table)%2 == 0}
+		out, keys := deathHeaders(wire.Properties{Headers: h, Flags: wire.FlagHeaders}, q, "x", "k", reason, time.Now())
+		if len(keys) == 0 {
+			t.Fatal("no routing key")
+		}
+		p := wire.Properties{Headers: out, Flags: wire.FlagHeaders}
+		meta, tags, err := encodeMessage("dlx", keys[0], &p)
+		if err != nil {
+			return // a header the store cannot hold: refused, as at publish
+		}
+		_, _, back := decodeMessage("w", meta, tags)
+		if _, ok := back.Headers["x-death"].([]any); !ok {
+			t.Fatalf("x-death lost: %v", back.Headers)
+		}
+		deathCycle("w", back.Headers["x-death"].([]any))
+	})
+}

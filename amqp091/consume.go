@@ -328,7 +328,13 @@ func (d *dispatcher) run() {
 				return
 			}
 		}
+		d.q.waitPeek(d.ctx)
+		gen := d.q.reap.peeks.Load()
 		ds, err := h.Fetch(d.ctx, credit)
+		if err == nil && !d.q.inOrder(gen) {
+			h.Unfetch(ds...) // the reaper had the head: fetch again, in order
+			continue
+		}
 		if err != nil {
 			if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
 				return

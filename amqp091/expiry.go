@@ -32,6 +32,25 @@ type reaper struct {
 	msgTTL  atomic.Bool   // a message with an expiration was sent to the queue
 	kick    chan struct{} // cap 1: look again now (set on first start)
 	lastUse atomic.Int64  // Unix ns of the last use (x-expires): declare, consume, get, consumer gone
+	// peeks counts the reaper's looks at the head, peeking is set during
+	// one: the head is out of the queue then, so a hand-out that fetched
+	// meanwhile may hold later messages and gives them back (inOrder).
+	peeks   atomic.Uint64
+	peeking atomic.Bool
+}
+
+// inOrder reports whether messages fetched from q since peeks read gen
+// are in queue order: no reaper look at the head overlapped the fetch.
+// Otherwise the caller gives them back and fetches again, after waitPeek.
+func (q *queue) inOrder(gen uint64) bool {
+	return !q.reap.peeking.Load() && q.reap.peeks.Load() == gen
+}
+
+// waitPeek waits until the reaper's look at q's head is over.
+func (q *queue) waitPeek(ctx context.Context) {
+	for q.reap.peeking.Load() && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // reapIdle is how often a reaper looks at a queue whose head does not
@@ -179,6 +198,9 @@ func (q *queue) consumersCanTake() bool {
 // expireHead expires q's head messages whose time has passed; it returns
 // when the new head expires (ok false: it does not, or q is empty).
 func (s *Server) expireHead(q *queue, h *delivery.Handle) (time.Time, bool) {
+	q.reap.peeks.Add(1)
+	q.reap.peeking.Store(true)
+	defer q.reap.peeking.Store(false)
 	for range 1024 {
 		ctx, cancel := context.WithTimeout(s.ctx, getWait)
 		ds, err := h.TryFetch(ctx, 1)
@@ -251,9 +273,15 @@ func (s *Server) liveOnly(q *queue, h *delivery.Handle, ds []*delivery.Delivery)
 // tryFetchLive is h.TryFetch(ctx, 1) that expires what it meets first.
 func (s *Server) tryFetchLive(ctx context.Context, q *queue, h *delivery.Handle) ([]*delivery.Delivery, error) {
 	for {
+		q.waitPeek(ctx)
+		gen := q.reap.peeks.Load()
 		ds, err := h.TryFetch(ctx, 1)
 		if err != nil || len(ds) == 0 {
 			return ds, err
+		}
+		if !q.inOrder(gen) {
+			h.Unfetch(ds...)
+			continue
 		}
 		if live := s.liveOnly(q, h, ds); len(live) > 0 {
 			return live, nil

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kubemq-io/kubemq-proxy/embedded"
+	"github.com/kubemq-io/kubemq-proxy/internal/memreclaim"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
 )
 
@@ -70,6 +71,10 @@ func main() {
 	}
 	defer log.Sync()
 	setMemoryLimit(log, memlimit.FromCgroup)
+	if mode != "healthcheck" {
+		// A burst's garbage is collected once the process is quiet, not two minutes later.
+		go memreclaim.Run(context.Background(), 10*time.Second, 32<<20)
+	}
 	runMode := func(cfg proxy.Config, log *zap.Logger) error { return run(cfg, log, level, args) }
 	switch mode {
 	case "embedded":

@@ -51,6 +51,14 @@ type Options struct {
 	// CloseTimeout bounds Close's wait for streams to wind down cleanly.
 	// Default 10s.
 	CloseTimeout time.Duration
+	// SendAttempt bounds one attempt of SendQueueMessages: the real server
+	// now and then leaves a send unanswered for 30 s or more while sends
+	// after it go through (docs/kubemq.md 10.2). A batch left unanswered
+	// that long is sent again, as long as the caller's context and the
+	// server's health allow: a message may then be stored twice, which
+	// beats failing a publish that a second attempt stores at once.
+	// Default 10s; negative disables.
+	SendAttempt time.Duration
 	// DialOptions are appended to the client's own (tests, tracing).
 	DialOptions []grpc.DialOption
 	// Conn, if set, carries every call instead of a connection dialled to
@@ -98,6 +106,9 @@ func (o *Options) setDefaults() error {
 	def(&o.MinBackoff, 100*time.Millisecond)
 	def(&o.MaxBackoff, 5*time.Second)
 	def(&o.CloseTimeout, 10*time.Second)
+	if o.SendAttempt == 0 {
+		o.SendAttempt = 10 * time.Second
+	}
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = o.MinBackoff
 	}
@@ -125,14 +136,16 @@ type Client struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine the client starts (see goTracked)
 
-	ready    atomic.Bool
-	kick     chan struct{} // wakes the health loop early (cap 1)
-	notifyMu sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
-	stateMu  sync.Mutex    // guards hooks, readyCh, closed
-	hooks    map[int]func(up bool)
-	hookID   int
-	readyCh  chan struct{} // closed when ready; replaced when going down
-	closed   bool
+	ready atomic.Bool
+	// sendRetries counts batches sent again after an unanswered attempt (SendAttempt).
+	sendRetries atomic.Int64
+	kick        chan struct{} // wakes the health loop early (cap 1)
+	notifyMu    sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
+	stateMu     sync.Mutex    // guards hooks, readyCh, closed
+	hooks       map[int]func(up bool)
+	hookID      int
+	readyCh     chan struct{} // closed when ready; replaced when going down
+	closed      bool
 
 	pub *eventPublisher
 
@@ -424,6 +437,10 @@ func (c *Client) setReady(up bool) {
 // the error itself would flap: after a restart, streams opened before it
 // still fail with Unavailable while the server is already back.) It returns
 // err unchanged.
+// SendsResent is how many queue message batches the server left unanswered
+// for Options.SendAttempt and that were sent again.
+func (c *Client) SendsResent() int64 { return c.sendRetries.Load() }
+
 func (c *Client) observe(err error) error {
 	if err != nil && errors.Is(err, ErrUnavailable) && !c.isClosed() {
 		select {

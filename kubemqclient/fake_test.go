@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ type fake struct {
 	events     func(grpc.BidiStreamingServer[pb.Event, pb.Result]) error
 	auth       chan string // if set, receives the authorization metadata of each Ping
 	subscribe  func(*pb.Subscribe, grpc.ServerStreamingServer[pb.EventReceive]) error
+	sendBatch  func(context.Context, *pb.QueueMessagesBatchRequest) (*pb.QueueMessagesBatchResponse, error)
 
 	srv  *grpc.Server
 	addr string
@@ -59,6 +61,13 @@ func (f *fake) SubscribeToEvents(r *pb.Subscribe, s grpc.ServerStreamingServer[p
 		return status.Error(codes.Unimplemented, "no SubscribeToEvents")
 	}
 	return f.subscribe(r, s)
+}
+
+func (f *fake) SendQueueMessagesBatch(ctx context.Context, r *pb.QueueMessagesBatchRequest) (*pb.QueueMessagesBatchResponse, error) {
+	if f.sendBatch == nil {
+		return nil, status.Error(codes.Unimplemented, "no SendQueueMessagesBatch")
+	}
+	return f.sendBatch(ctx, r)
 }
 
 func (f *fake) SendEventsStream(s grpc.BidiStreamingServer[pb.Event, pb.Result]) error {
@@ -717,5 +726,41 @@ func TestSubscriptionAutoResume(t *testing.T) {
 	}
 	if s.Resumes() != 1 {
 		t.Fatalf("Resumes %d", s.Resumes())
+	}
+}
+
+// A send the server leaves unanswered for SendAttempt is sent again, and the second answer
+// is the call's; a caller's own deadline is never exceeded for it.
+func TestUnansweredSendIsSentAgain(t *testing.T) {
+	var calls atomic.Int32
+	f := &fake{sendBatch: func(ctx context.Context, r *pb.QueueMessagesBatchRequest) (*pb.QueueMessagesBatchResponse, error) {
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // the first attempt is never answered
+			return nil, ctx.Err()
+		}
+		rs := make([]*pb.SendQueueMessageResult, len(r.Messages))
+		for i, m := range r.Messages {
+			rs[i] = &pb.SendQueueMessageResult{MessageID: m.MessageID, SentAt: 1}
+		}
+		return &pb.QueueMessagesBatchResponse{BatchID: r.BatchID, Results: rs}, nil
+	}}
+	f.start(t, "127.0.0.1:0")
+	c := dialFake(t, f, Options{SendAttempt: 200 * time.Millisecond})
+	rs, err := c.SendQueueMessages(within(t, 10*time.Second), []QueueMessage{{Channel: "q", Body: []byte("x")}})
+	if err != nil || len(rs) != 1 || rs[0].Err != nil {
+		t.Fatalf("send: %v %v", rs, err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d attempts, want 2", n)
+	}
+	if c.SendsResent() != 1 {
+		t.Fatalf("SendsResent = %d, want 1", c.SendsResent())
+	}
+
+	// The caller's deadline shorter than an attempt: it is the caller's error, no retry.
+	calls.Store(0)
+	_, err = c.SendQueueMessages(within(t, 100*time.Millisecond), []QueueMessage{{Channel: "q", Body: []byte("x")}})
+	if err == nil || calls.Load() != 1 {
+		t.Fatalf("with a short caller deadline: %v after %d attempts, want an error after 1", err, calls.Load())
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
@@ -50,12 +52,30 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 	if err != nil {
 		return nil, err
 	}
-	t := c.startOp()
-	r, err := c.rpc.SendQueueMessagesBatch(ctx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
-	if err != nil {
+	var (
+		r *kubemqpb.QueueMessagesBatchResponse
+		t opTimer
+	)
+	for {
+		t = c.startOp()
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if c.opts.SendAttempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, c.opts.SendAttempt)
+		}
+		r, err = c.rpc.SendQueueMessagesBatch(actx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
+		unanswered := err != nil && actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil {
+			break
+		}
 		err = c.observe(wrapErr(op, err))
 		t.end(OpSendQueueBatch, err)
-		return nil, err
+		if !unanswered || !c.ready.Load() {
+			return nil, err
+		}
+		c.sendRetries.Add(1)
+		c.log.Warn("kubemq left a send unanswered; sending it again", zap.Int("messages", len(msgs)),
+			zap.String("channel", msgs[0].Channel), zap.Duration("attempt", c.opts.SendAttempt))
 	}
 	rs, err := c.sendResults(op, len(msgs), r.GetResults())
 	endBatch(t, OpSendQueueBatch, rs, err)

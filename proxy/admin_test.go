@@ -31,7 +31,7 @@ func request(t *testing.T, method, url, token string) int {
 	return resp.StatusCode
 }
 
-// /healthz, /readyz and /metrics answer anyone; /state and /loglevel answer loopback peers,
+// /healthz, /readyz and /metrics answer anyone; /state, /loglevel and /debug/pprof/ answer loopback peers,
 // and others only with the admin token (read from http.admin_token_file here).
 func TestAdminEndpointsLoopbackOrToken(t *testing.T) {
 	ip := testenv.NonLoopbackIP(t)
@@ -63,7 +63,7 @@ func TestAdminEndpointsLoopbackOrToken(t *testing.T) {
 		if withToken {
 			wantDenied = http.StatusUnauthorized
 		}
-		for _, c := range []struct{ method, path string }{{"GET", "/state"}, {"GET", "/loglevel"}, {"PUT", "/loglevel"}} {
+		for _, c := range []struct{ method, path string }{{"GET", "/state"}, {"GET", "/loglevel"}, {"PUT", "/loglevel"}, {"GET", "/debug/pprof/"}, {"GET", "/debug/pprof/heap"}} {
 			if code := request(t, c.method, base+c.path, ""); code != wantDenied {
 				t.Errorf("token %v: %s %s without token from %s = %d, want %d", withToken, c.method, c.path, ip, code, wantDenied)
 			}

@@ -114,6 +114,9 @@ type KubeMQConfig struct {
 	KeyFile       string `mapstructure:"key_file"`
 	// ServerName overrides the TLS server name.
 	ServerName string `mapstructure:"server_name"`
+	// SendAttempt bounds one attempt to store a batch of queue messages;
+	// a batch left unanswered that long is sent again (kubemqclient.Options).
+	SendAttempt time.Duration `mapstructure:"send_attempt"`
 }
 
 // EmbeddedConfig configures the in-process KubeMQ-compatible server.
@@ -241,7 +244,7 @@ func Defaults() Config {
 			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
-			ClientID: "kubemq-proxy",
+			ClientID: "kubemq-proxy", SendAttempt: 10 * time.Second,
 		},
 		Embedded: EmbeddedConfig{Listen: "127.0.0.1:50000",
 			Store: EmbeddedStoreConfig{MaxRetention: 24 * time.Hour, MaxPurgeInactive: 24 * time.Hour},

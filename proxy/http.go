@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -35,6 +36,11 @@ func (p *Proxy) httpHandler() http.Handler {
 		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.
 		mux.Handle("/loglevel", p.admin(p.logLevel))
 	}
+	// Go's profiles (heap, goroutines, CPU) for diagnosing memory and CPU in place; admin
+	// only: a profile shows the process's internals, and a CPU profile costs CPU while it runs.
+	mux.Handle("GET /debug/pprof/", p.admin(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/profile", p.admin(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/trace", p.admin(http.HandlerFunc(pprof.Trace)))
 	return mux
 }
 

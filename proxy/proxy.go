@@ -199,7 +199,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	}
 
 	copts := kubemqclient.Options{Address: address, ClientID: p.cfg.KubeMQ.ClientID, AuthToken: p.cfg.KubeMQ.AuthToken, Logger: p.log.Named("kubemq"),
-		Observe: BackendObserver(p.metrics)}
+		Observe: BackendObserver(p.metrics), SendAttempt: p.cfg.KubeMQ.SendAttempt}
 	if p.embedded != nil {
 		// The proxy's own client calls the embedded server's handlers in
 		// this process (embedded.Server.Channel: the same gRPC service
@@ -239,6 +239,10 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		}
 		return 0
 	}))
+	p.metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "kubemq_proxy", Name: "backend_sends_resent_total",
+		Help: "Queue message batches KubeMQ left unanswered within one attempt (kubemq.send_attempt), sent again.",
+	}, func() float64 { return float64(p.client.SendsResent() + p.clusterClient.SendsResent()) }))
 	p.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "kubemq_proxy", Name: "ready",
 		Help: "1 while the proxy is ready (backend up and registry replayed).",

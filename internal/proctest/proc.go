@@ -201,6 +201,29 @@ func (p *Proc) Problems() []string {
 	return append([]string(nil), p.problems...)
 }
 
+// Warnings returns, after a newline, the first n lines of the process's log
+// at level warn or above (zap's JSON or console encoding), for a failure
+// message: the lines Tail's window may have scrolled past.
+func (p *Proc) Warnings(n int) string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	var out [][]byte
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if len(out) == n {
+			break
+		}
+		for _, lv := range [][]byte{[]byte(`"level":"warn"`), []byte(`"level":"error"`), []byte(`"level":"fatal"`), []byte("\tWARN\t"), []byte("\tERROR\t")} {
+			if bytes.Contains(l, lv) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return "\n" + string(bytes.Join(out, []byte("\n")))
+}
+
 // Tail returns the last n lines of the process's log (all of it when n is
 // 0 or less), after a newline, for a failure message.
 func (p *Proc) Tail(n int) string {

@@ -196,6 +196,7 @@ func (f *fleet) close() {
 	}
 	if f.t.Failed() {
 		for _, p := range f.procs {
+			f.t.Logf("first warnings of %s log (%s):%s", p.Name(), p.LogPath(), p.Warnings(20))
 			f.t.Logf("last lines of %s log (%s):%s", p.Name(), p.LogPath(), p.Tail(30))
 		}
 	}

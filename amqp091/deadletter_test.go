@@ -465,3 +465,64 @@ func FuzzDeathHeaders(f *testing.F) {
 		deathCycle("w", back.Headers["x-death"].([]any))
 	})
 }
+
+// A reject through a replica that forwards the consumer: the holder
+// dead-letters the message (Settle REJECT), and a nack with requeue of a
+// quorum queue over its delivery limit is dead-lettered there too.
+func TestForwardedDeadLetter(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ca := a.dial()
+	cha := a.channel(ca)
+	for _, q := range []string{"fdl.dead", "fdl.dead2"} {
+		if _, err := cha.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cha.QueueDeclare("fdl.q", true, false, false, false, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "fdl.dead"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cha.QueueDeclare("fdl.qq", true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int32(0),
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "fdl.dead2"}); err != nil {
+		t.Fatal(err)
+	}
+	// a holds both queues through consumers that take nothing (prefetch 1, one held).
+	for _, q := range []string{"fdl.q", "fdl.qq"} {
+		hold := a.channel(ca)
+		if err := hold.Qos(1, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		hd, err := hold.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishN(t, a.channel(ca), q, 0, 1)
+		mustRecv(t, hd, "hold")
+		if owner(t, rs, q) != a {
+			t.Fatalf("a should hold %s", q)
+		}
+	}
+	cb := b.dial()
+	for _, c := range []struct{ q, dead, reason string }{{"fdl.q", "fdl.dead", "rejected"}, {"fdl.qq", "fdl.dead2", "delivery_limit"}} {
+		publishN(t, b.channel(cb), c.q, 1, 1)
+		chb := b.channel(cb)
+		msgs, err := chb.Consume(c.q, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := mustRecv(t, msgs, "forwarded delivery")
+		if c.reason == "rejected" {
+			err = m.Reject(false)
+		} else {
+			err = m.Nack(false, true)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, ok := getWithin(t, b.channel(cb), c.dead, 10*time.Second)
+		if !ok || string(d.Body) != "m1" {
+			t.Fatalf("%s: %q %v", c.dead, d.Body, ok)
+		}
+		checkDeath(t, deaths(t, d)[0], 1, c.reason, c.q, "", []string{c.q}, "")
+	}
+}

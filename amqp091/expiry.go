@@ -201,23 +201,24 @@ func (s *Server) expireHead(q *queue, h *delivery.Handle) (time.Time, bool) {
 	q.reap.peeks.Add(1)
 	q.reap.peeking.Store(true)
 	defer q.reap.peeking.Store(false)
-	for range 1024 {
+	for range 64 {
 		ctx, cancel := context.WithTimeout(s.ctx, getWait)
-		ds, err := h.TryFetch(ctx, 1)
+		ds, err := h.TryFetch(ctx, readAhead)
 		cancel()
 		if err != nil || len(ds) == 0 {
 			return time.Time{}, false
 		}
-		d := ds[0]
-		if len(ds) > 1 {
-			h.Unfetch(ds[1:]...)
+		// In queue order: expired ones go until the first that is not,
+		// which is the head again (later ones wait for it, as in RabbitMQ).
+		now := time.Now()
+		for i, d := range ds {
+			if q.expired(d, now) {
+				s.expire(q, h, d)
+				continue
+			}
+			h.Unfetch(ds[i:]...)
+			return q.expiresAt(d)
 		}
-		if q.expired(d, time.Now()) {
-			s.expire(q, h, d)
-			continue
-		}
-		h.Unfetch(d)
-		return q.expiresAt(d)
 	}
 	return time.Now(), true
 }

@@ -72,23 +72,55 @@ func (s *Server) requestTrim(q *queue, done func()) {
 	s.startReaper(q)
 }
 
+// exactTrimMax is the largest x-max-length trimmed exactly: a pass takes
+// every ready message into hand (at most count+1 fetches' worth) and keeps
+// the newest x-max-length, so a count that is too high (KubeMQ's count
+// may still include a batch the lease engine has just acked) never trims
+// below the limit. Longer limits trim by the count alone.
+const exactTrimMax = 10000
+
 // trim is one drop-head pass over q through h: the oldest ready messages
 // beyond x-max-length are dropped, or dead-lettered (reason maxlen).
 func (s *Server) trim(q *queue, h *delivery.Handle) {
 	n, known, err := s.localReadyCount(s.ctx, q.channel)
-	if err != nil || !known {
+	if err != nil || !known || int64(n) <= q.maxLen {
 		return
 	}
-	for excess := int64(n) - q.maxLen; excess > 0; {
+	if q.maxLen > exactTrimMax {
+		for excess := int64(n) - q.maxLen; excess > 0; {
+			ctx, cancel := context.WithTimeout(s.ctx, getWait)
+			ds, err := h.TryFetch(ctx, int(min(excess, maxFetch)))
+			cancel()
+			if err != nil || len(ds) == 0 {
+				return
+			}
+			for _, d := range ds {
+				s.remove(q, h, d, reasonMaxLen)
+			}
+			excess -= int64(len(ds))
+		}
+		return
+	}
+	// The whole queue is in hand meanwhile: hand-outs wait (inOrder).
+	q.reap.peeks.Add(1)
+	q.reap.peeking.Store(true)
+	defer q.reap.peeking.Store(false)
+	var got []*delivery.Delivery
+	for int64(len(got)) <= int64(n) {
 		ctx, cancel := context.WithTimeout(s.ctx, getWait)
-		ds, err := h.TryFetch(ctx, int(min(excess, maxFetch)))
+		ds, err := h.TryFetch(ctx, maxFetch)
 		cancel()
 		if err != nil || len(ds) == 0 {
-			return
+			break
 		}
-		for _, d := range ds {
-			s.remove(q, h, d, reasonMaxLen)
+		got = append(got, ds...)
+		if int64(len(got)) == int64(n) {
+			break // the count is met: no look for more
 		}
-		excess -= int64(len(ds))
+	}
+	keep := int(min(int64(len(got)), q.maxLen))
+	h.Unfetch(got[len(got)-keep:]...)
+	for _, d := range got[:len(got)-keep] {
+		s.remove(q, h, d, reasonMaxLen)
 	}
 }

@@ -51,6 +51,7 @@ type channel struct {
 	handles          map[*queue]*delivery.Handle
 	getLinks         map[*queue]*fwdLink // basic.get of queues another replica holds
 	scratch          []string            // routing buffer
+	reply            *replyConsumer      // direct reply-to consumer (replyto.go); written by run under dmu
 
 	// Delivery bookkeeping, shared with consumer goroutines.
 	dmu            sync.Mutex // guards the fields below
@@ -60,6 +61,7 @@ type channel struct {
 	globalPrefetch uint16                // basic.qos global=true: limit for the whole channel
 	stopped        bool                  // no more deliveries (closing)
 	links          map[*fwdLink]struct{} // open links to other replicas (forward.go)
+	unflushed      []*fwdLink            // links with settlements waiting to go (flushSettles); the channel's goroutine only
 	fwdInflight    int                   // credit the links granted and the holders have not used
 	voided         int                   // void entries of unacked (forward.go)
 
@@ -136,6 +138,9 @@ func (ch *channel) run() {
 		select {
 		case cmd := <-ch.cmds:
 			ch.handle(cmd)
+			if len(ch.unflushed) > 0 && (len(ch.cmds) == 0 || len(ch.unflushed) >= flushEvery) {
+				ch.flushSettles()
+			}
 		case <-ch.wake:
 			ch.runPosted()
 			ch.confirms.emit()
@@ -143,6 +148,22 @@ func (ch *channel) run() {
 			return
 		}
 	}
+}
+
+// flushEvery bounds how many settling commands a busy channel handles
+// before their settlements leave anyway.
+const flushEvery = 64
+
+// flushSettles sends the settlements the channel's commands left waiting
+// on its forwarded links (fwdLink.settle): once no command is waiting (or
+// flushEvery settling commands ran), so that a burst of acks leaves in a
+// few Settle messages per link.
+func (ch *channel) flushSettles() {
+	for _, l := range ch.unflushed {
+		l.flush()
+	}
+	clear(ch.unflushed)
+	ch.unflushed = ch.unflushed[:0]
 }
 
 // send queues a method for the client on this channel.
@@ -261,6 +282,7 @@ func (ch *channel) dispatch(cmd command) error {
 // back to their queues in place, the lease handles close and pending
 // confirms are dropped. It is idempotent.
 func (ch *channel) shutdown() {
+	ch.dropReply()
 	for tag, cs := range ch.consumers {
 		ch.stopConsumer(cs)
 		delete(ch.consumers, tag)

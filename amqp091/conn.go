@@ -197,6 +197,7 @@ func (c *conn) serverProperties() wire.Table {
 		"authentication_failure_close": true,
 		"per_consumer_qos":             true,
 		"consumer_priorities":          true,
+		"direct_reply_to":              true,
 	}
 	if o.MaxPendingPublishBytes > 0 {
 		caps["connection.blocked"] = true
@@ -208,9 +209,8 @@ func (c *conn) serverProperties() wire.Table {
 		"cluster_name": o.ClusterName,
 		"copyright":    "kubemq-proxy contributors",
 		"information":  "kubemq-proxy: AMQP 0-9-1 front-end storing every message in KubeMQ",
-		// Only what the proxy honours: no direct reply-to, and
-		// connection.blocked only while a pending publish bound can make it
-		// block.
+		// Only what the proxy honours: connection.blocked only while a
+		// pending publish bound can make it block.
 		"capabilities": caps,
 	}
 }

@@ -75,7 +75,9 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 		}
 	}
 	if m.Queue == replyToQueue {
-		return wire.NotImplemented("direct reply-to (%s) is not supported", replyToQueue)
+		// RabbitMQ keeps the reply consumer apart from the channel's
+		// consumers: its tag does not count as in use by them.
+		return ch.consumeReplyTo(m)
 	}
 	q, err := ch.queueFor(m.Queue)
 	if err != nil {
@@ -100,6 +102,10 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	if q.deleted {
 		vh.mu.Unlock()
 		return errNoQueue(q.name, c.vhostName)
+	}
+	if m.Exclusive && q.singleActive {
+		vh.mu.Unlock()
+		return errSingleActiveExclusive(q.name, c.vhostName)
 	}
 	if q.exclusiveConsumer || (m.Exclusive && len(q.consumers) > 0) {
 		vh.mu.Unlock()
@@ -168,6 +174,12 @@ func consumerPriority(args wire.Table, queue, vhost string) (int64, error) {
 }
 
 func (ch *channel) cancel(m *wire.BasicCancel) error {
+	if ch.cancelReplyTo(m.ConsumerTag) {
+		if !m.NoWait {
+			ch.send(&wire.BasicCancelOk{ConsumerTag: m.ConsumerTag})
+		}
+		return nil
+	}
 	if cs := ch.consumers[m.ConsumerTag]; cs != nil {
 		delete(ch.consumers, m.ConsumerTag)
 		ch.stopConsumer(cs)
@@ -245,14 +257,17 @@ type dispatcher struct {
 	kick   chan struct{} // cap 1: credit may have been freed
 
 	mu        sync.Mutex
-	consumers []*consumer // registered and not removed; the goroutine reads a copy
+	consumers []*consumer // registered and not removed, in registration order; the goroutine reads a copy
+	single    bool        // x-single-active-consumer: only active receives (singleactive.go)
+	active    *consumer   // the single active consumer; nil when none or not single
 
 	list  atomic.Pointer[[]*consumer]
 	count uint64 // deliveries made (the goroutine's)
 }
 
+// newDispatcher starts q's dispatcher; the caller holds q.vh.mu.
 func newDispatcher(s *Server, q *queue) *dispatcher {
-	d := &dispatcher{srv: s, q: q, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	d := &dispatcher{srv: s, q: q, done: make(chan struct{}), kick: make(chan struct{}, 1), single: q.singleActive}
 	d.ctx, d.cancel = context.WithCancel(s.ctx)
 	empty := []*consumer{}
 	d.list.Store(&empty)
@@ -267,8 +282,7 @@ func newDispatcher(s *Server, q *queue) *dispatcher {
 func (d *dispatcher) add(cs *consumer) {
 	d.mu.Lock()
 	d.consumers = append(d.consumers, cs)
-	l := slices.Clone(d.consumers)
-	d.list.Store(&l)
+	d.publishLocked()
 	d.mu.Unlock()
 	d.wake()
 }
@@ -276,9 +290,30 @@ func (d *dispatcher) add(cs *consumer) {
 func (d *dispatcher) remove(cs *consumer) {
 	d.mu.Lock()
 	d.consumers = slices.DeleteFunc(d.consumers, func(x *consumer) bool { return x == cs })
-	l := slices.Clone(d.consumers)
-	d.list.Store(&l)
+	if d.active == cs {
+		d.active = nil
+	}
+	d.publishLocked()
 	d.mu.Unlock()
+	d.wake()
+}
+
+// publishLocked stores the list the goroutine delivers to: every consumer,
+// or with a single active consumer that one alone.
+func (d *dispatcher) publishLocked() {
+	if !d.single {
+		l := slices.Clone(d.consumers)
+		d.list.Store(&l)
+		return
+	}
+	if d.active == nil {
+		d.active = nextActive(d.consumers)
+	}
+	l := []*consumer{}
+	if d.active != nil {
+		l = append(l, d.active)
+	}
+	d.list.Store(&l)
 }
 
 // empty reports whether no consumer is registered.
@@ -360,7 +395,10 @@ func (d *dispatcher) run() {
 // engine failure (KubeMQ lost): their deliveries are void.
 func (d *dispatcher) failConsumers(err error) {
 	d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
-	for _, cs := range *d.list.Load() {
+	d.mu.Lock()
+	all := slices.Clone(d.consumers)
+	d.mu.Unlock()
+	for _, cs := range all {
 		if cs.peer != nil {
 			cs.peer.fail(err)
 			continue
@@ -802,6 +840,7 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 		l.settle(peerpb.Settle_ACK, k.ack...)
 		l.settle(peerpb.Settle_REQUEUE, k.back...)
 		l.settle(peerpb.Settle_REJECT, k.reject...)
+		ch.unflushed = append(ch.unflushed, l) // sent once the channel is idle (run)
 		ch.c.srv.m.acked.Add(float64(len(k.ack) + len(k.reject)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()

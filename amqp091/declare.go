@@ -273,6 +273,13 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 
 func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 	vh, vn := ch.c.vh, ch.c.vhostName
+	if strings.HasPrefix(m.Queue, replyToQueue) {
+		if err := ch.declareReplyTo(m); err != nil {
+			return err
+		}
+		ch.lastQueue = m.Queue
+		return nil
+	}
 	if m.Passive {
 		name := m.Queue
 		if name == "" {

@@ -37,6 +37,9 @@ type Peers interface {
 	Owner(queue string) (addr string, ok bool)
 	// Conn returns a connection to the replica at addr (its peer port).
 	Conn(addr string) (grpc.ClientConnInterface, error)
+	// Self returns this replica's own peer address ("" when it advertises
+	// none): direct reply-to names carry it so replies find their channel.
+	Self() string
 }
 
 // linkRetry is the pause between attempts to find a queue's holder.
@@ -148,7 +151,9 @@ type fwdLink struct {
 	stream peerpb.AMQPPeer_LinkClient
 	end    context.CancelFunc // tears the stream down
 
-	smu      sync.Mutex // serialises Send
+	smu      sync.Mutex  // serialises Send
+	pmu      sync.Mutex  // guards pend
+	pend     [3][]uint64 // settlements not sent yet, by Settle_Op (ACK, REQUEUE, REJECT)
 	once     sync.Once
 	finished chan struct{} // closed once the stream has ended (its reader saw the end)
 
@@ -182,6 +187,8 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		credit = max(creditFor(cs, 0), 0)
 		ch.dmu.Unlock()
 		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
+		open.SingleActive = q.singleActive
+		open.Batch = true
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer
 	stream, err := pc.Link(ctx)
@@ -219,19 +226,53 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 	return l, nil
 }
 
+// send sends r after the settlements waiting to go.
 func (l *fwdLink) send(r *peerpb.LinkRequest) error {
 	l.smu.Lock()
 	defer l.smu.Unlock()
+	if err := l.flushLocked(); err != nil {
+		return err
+	}
 	return l.stream.Send(r)
 }
 
-// settle sends settlements; a link that ended drops them (the holder has
-// put those deliveries back already).
+// settle adds settlements to those waiting to go: they leave with the
+// link's next request, or at the latest when whoever settled flushes
+// (the channel once it has no command waiting, the link's reader after
+// each response), so a client's acks of a burst travel in a few Settle
+// messages instead of one each. A link that ended drops them (the holder
+// has put those deliveries back already).
 func (l *fwdLink) settle(op peerpb.Settle_Op, keys ...uint64) {
 	if len(keys) == 0 {
 		return
 	}
-	_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Settle{Settle: &peerpb.Settle{Op: op, Keys: keys}}})
+	l.pmu.Lock()
+	l.pend[op] = append(l.pend[op], keys...)
+	l.pmu.Unlock()
+}
+
+// flush sends the settlements waiting to go.
+func (l *fwdLink) flush() {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	_ = l.flushLocked()
+}
+
+// flushLocked is flush under smu.
+func (l *fwdLink) flushLocked() error {
+	l.pmu.Lock()
+	pend := l.pend
+	l.pend = [len(l.pend)][]uint64{}
+	l.pmu.Unlock()
+	for op, keys := range pend {
+		if len(keys) == 0 {
+			continue
+		}
+		if err := l.stream.Send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Settle{Settle: &peerpb.Settle{Op: peerpb.Settle_Op(op), Keys: keys}}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // grant tops up the holder's credit for l's consumer to what the client's
@@ -324,6 +365,7 @@ func (l *fwdLink) close() {
 	delete(l.ch.links, l)
 	l.ch.dmu.Unlock()
 	l.smu.Lock()
+	_ = l.flushLocked()
 	_ = l.stream.CloseSend()
 	l.smu.Unlock()
 	time.AfterFunc(drainWait, l.end)
@@ -416,6 +458,12 @@ func (l *fwdLink) run() error {
 		switch k := resp.Kind.(type) {
 		case *peerpb.LinkResponse_Delivery:
 			l.deliver(k.Delivery)
+			l.flush()
+		case *peerpb.LinkResponse_Deliveries:
+			for _, d := range k.Deliveries.Items {
+				l.deliver(d)
+			}
+			l.flush() // no-ack acks, and requeues of what came too late
 		case *peerpb.LinkResponse_Cancelled:
 			l.ch.dmu.Lock()
 			ok := l.cancelOk
@@ -594,6 +642,7 @@ func (ch *channel) getForwarded(q *queue, pc peerpb.AMQPPeerClient, m *wire.Basi
 		ch.dmu.Unlock()
 		if m.NoAck {
 			l.settle(peerpb.Settle_ACK, d.Key)
+			l.flush()
 		}
 		return nil
 	}

@@ -41,8 +41,9 @@ func (o testOwners) Claim(ctx context.Context, queue string) (delivery.Owned, er
 }
 
 type testPeers struct {
-	c *cluster.Cluster
-	p *cluster.Peers
+	c    *cluster.Cluster
+	p    *cluster.Peers
+	self string
 }
 
 func (p testPeers) Owner(queue string) (string, bool) {
@@ -54,6 +55,8 @@ func (p testPeers) Owner(queue string) (string, bool) {
 }
 
 func (p testPeers) Conn(addr string) (grpc.ClientConnInterface, error) { return p.p.Conn(addr) }
+
+func (p testPeers) Self() string { return p.self }
 
 type replica struct {
 	*env
@@ -129,7 +132,7 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string) *repl
 	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
 	e.start(func(o *Options) {
 		o.Deliveries = m
-		o.Peers = testPeers{c: c, p: peers}
+		o.Peers = testPeers{c: c, p: peers, self: lis.Addr().String()}
 	})
 	e.srv.RegisterPeer(peerSrv)
 	go peerSrv.Serve(lis)

@@ -59,7 +59,15 @@ type peerLink struct {
 	out     map[uint64]*delivery.Delivery // delivered and not settled, by key
 	sendq   []*peerpb.LinkResponse
 	ended   bool // finish ran: nothing may be added to out
+	batch   bool // the other replica takes Deliveries (Open.batch)
 }
+
+// Bounds of one Deliveries response: it stays far below gRPC's message
+// limit, and a consumer's first messages are not held back behind many.
+const (
+	peerBatchMax   = 256
+	peerBatchBytes = 1 << 20
+)
 
 // errPeerMoved: the queue is not held here (any more); the other replica resolves the holder anew.
 var errPeerMoved = status.Error(codes.Unavailable, "kubemq-proxy: this replica does not hold the queue; resolve the holder again")
@@ -160,7 +168,7 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	case err != nil:
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: %v", err)
 	}
-	l := &peerLink{s: s, q: q, h: h, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), out: map[uint64]*delivery.Delivery{}}
+	l := &peerLink{s: s, q: q, h: h, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), out: map[uint64]*delivery.Delivery{}, batch: open.Batch}
 	defer l.finish()
 	s.mu.Lock()
 	s.links[l] = struct{}{}
@@ -216,6 +224,12 @@ func (l *peerLink) register(open *peerpb.Open) error {
 	defer vh.mu.Unlock()
 	if q.deleted {
 		return status.Errorf(codes.NotFound, "no %s", rsQueue(q.name, q.vh.displayName()))
+	}
+	if open.SingleActive {
+		q.singleActive = true // a stand-in knows it only from here
+	}
+	if open.Exclusive && q.singleActive {
+		return status.Errorf(codes.PermissionDenied, "%s", errSingleActiveExclusive(q.name, q.vh.displayName()).Text)
 	}
 	if q.exclusiveConsumer || (open.Exclusive && len(q.consumers) > 0) {
 		return status.Errorf(codes.PermissionDenied, "%s in exclusive use", rsQueue(q.name, q.vh.displayName()))
@@ -321,6 +335,9 @@ func (l *peerLink) sendLoop(stream peerpb.AMQPPeer_LinkServer) error {
 		batch := l.sendq
 		l.sendq = nil
 		l.mu.Unlock()
+		if l.batch {
+			batch = foldDeliveries(batch)
+		}
 		for _, r := range batch {
 			if err := stream.Send(r); err != nil {
 				l.cancel(err)
@@ -333,6 +350,41 @@ func (l *peerLink) sendLoop(stream peerpb.AMQPPeer_LinkServer) error {
 			return l.ctx.Err()
 		}
 	}
+}
+
+// foldDeliveries turns each run of Delivery responses in rs into
+// Deliveries responses of at most peerBatchMax deliveries and about
+// peerBatchBytes, keeping the order of everything in rs; a lone delivery
+// stays as it is.
+func foldDeliveries(rs []*peerpb.LinkResponse) []*peerpb.LinkResponse {
+	out := rs[:0] // written behind the reading position
+	var run []*peerpb.Delivery
+	size := 0
+	end := func() {
+		switch len(run) {
+		case 0:
+		case 1:
+			out = append(out, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{Delivery: run[0]}})
+		default:
+			out = append(out, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Deliveries{Deliveries: &peerpb.Deliveries{Items: run}}})
+		}
+		run, size = nil, 0
+	}
+	for _, r := range rs {
+		d := r.GetDelivery()
+		if d == nil {
+			end()
+			out = append(out, r)
+			continue
+		}
+		if len(run) == peerBatchMax || (len(run) > 0 && size+len(d.Body) > peerBatchBytes) {
+			end()
+		}
+		run = append(run, d)
+		size += len(d.Body) + len(d.Metadata)
+	}
+	end()
+	return out
 }
 
 // recvLoop applies the other replica's requests until it closes its side

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,7 +30,10 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	if cmd.tooLarge > 0 {
 		return wire.PreconditionFailed("message size %d is larger than configured max size %d", cmd.tooLarge, c.srv.opts.MaxBodySize)
 	}
-	props := cmd.props
+	props, err := ch.rewriteReplyTo(cmd.props)
+	if err != nil {
+		return err
+	}
 	if props.Flags&wire.FlagUserID != 0 && props.UserID != c.user {
 		return wire.PreconditionFailed("user_id property set to '%s' but authenticated user was '%s'", props.UserID, c.user)
 	}
@@ -51,6 +55,11 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		return wire.AccessRefused("cannot publish to internal %s", rsExchange(m.Exchange, c.vhostName))
 	}
 	c.srv.m.published.Inc()
+	if m.Exchange == "" && strings.HasPrefix(m.RoutingKey, replyToPrefix) {
+		// Delivered to the requester's channel, not stored: counted as
+		// unroutable below, as RabbitMQ 3.10 does (replyto.go).
+		c.srv.deliverReply(c.ctx, m.RoutingKey, props, cmd.body)
+	}
 	if len(routes) == 0 {
 		c.srv.m.unroutable.Inc()
 		if m.Mandatory {

@@ -194,6 +194,10 @@ type Server struct {
 	ctx           context.Context // ends at Shutdown
 	cancel        context.CancelFunc
 	nextID        atomic.Uint64
+	replies       replies // direct reply-to consumers (replyto.go)
+
+	replyMu    sync.Mutex            // guards replyLanes
+	replyLanes map[string]*replyLane // by peer address (replyto.go)
 
 	mu        sync.Mutex // guards listeners, conns, closed, downSince, links, standIns
 	listeners map[net.Listener]struct{}
@@ -201,7 +205,7 @@ type Server struct {
 	links     map[*peerLink]struct{} // other replicas' links served here (peer.go)
 	standIns  map[string]*standIn    // by KubeMQ channel (peer.go)
 	closed    bool
-	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops
+	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops, reply lanes
 	downErr   error
 }
 

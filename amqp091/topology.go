@@ -326,6 +326,7 @@ type queue struct {
 	consumers         map[*consumer]struct{}
 	disp              *dispatcher // delivers to consumers; nil without any
 	exclusiveConsumer bool
+	singleActive      bool // x-single-active-consumer (singleactive.go)
 	hadConsumer       bool // auto-delete applies only after a first consumer
 	deleted           bool
 }
@@ -362,6 +363,7 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 		q.deliveryLimit = n
 	}
 	q.reap.lastUse.Store(time.Now().UnixNano())
+	q.singleActive = args["x-single-active-consumer"] == true
 	return q
 }
 

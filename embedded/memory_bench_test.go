@@ -140,3 +140,93 @@ func procStatus(b *testing.B, field string) int64 {
 	b.Fatal("no " + field + " in /proc/self/status")
 	return 0
 }
+
+var drainedMessages = flag.Int("drained", 200_000, "BenchmarkDrainMemory: how many 1 KiB messages to store and then drain")
+
+// BenchmarkDrainMemory stores -drained 1 KiB queue messages, receives and settles every one
+// (simple pull, 1,000 per call, as a consumer that keeps up would), then reads the Go heap
+// once a second (after a GC) for up to 60 s. It reports the heap above the server's
+// baseline (its heap before the first send) when the backlog is stored, right after the
+// drain and after 60 s, and the seconds until the heap is back within 32 MiB of that
+// baseline (the memory bound's target); it fails if it never is.
+//
+//	go test -run x -bench DrainMemory -benchtime 1x ./embedded
+func BenchmarkDrainMemory(b *testing.B) {
+	for _, persisted := range []bool{false, true} {
+		name := "in-memory"
+		if persisted {
+			name = "data-dir"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				benchDrainMemory(b, persisted, *drainedMessages)
+			}
+		})
+	}
+}
+
+func benchDrainMemory(b *testing.B, persisted bool, n int) {
+	opts := Options{Logger: zap.NewNop()}
+	if persisted {
+		opts.DataDir = b.TempDir()
+	}
+	s, err := New(opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Stop()
+	heap := func() float64 {
+		runtime.GC()
+		debug.FreeOSMemory()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return float64(ms.HeapAlloc) / (1 << 20)
+	}
+	base := heap()
+	body := make([]byte, 1024)
+	const batch = 100
+	msgs := make([]*kubemqpb.QueueMessage, batch)
+	for sent := 0; sent < n; sent += batch {
+		for i := range msgs {
+			msgs[i] = &kubemqpb.QueueMessage{ClientID: "bench", Channel: "drained", Body: append([]byte(nil), body...)}
+		}
+		res, _, lsn := s.sendBatch(msgs)
+		if err := s.waitLog(lsn); err != nil {
+			b.Fatal(err)
+		}
+		if res[0].IsError {
+			b.Fatal(res[0].Error)
+		}
+	}
+	stored := heap()
+	ctx := b.Context()
+	for got := 0; got < n; {
+		r, err := s.ReceiveQueueMessages(ctx, &kubemqpb.ReceiveQueueMessagesRequest{ClientID: "bench", Channel: "drained", MaxNumberOfMessages: 1000, WaitTimeSeconds: 1})
+		if err != nil || r.IsError {
+			b.Fatalf("receive after %d: %v %s", got, err, r.GetError())
+		}
+		if len(r.Messages) == 0 {
+			b.Fatalf("the queue ran dry after %d of %d", got, n)
+		}
+		got += len(r.Messages)
+	}
+	drained := heap()
+	start := time.Now()
+	back := -1.0
+	last := drained
+	for time.Since(start) < 60*time.Second {
+		if last-base <= 32 {
+			back = time.Since(start).Seconds()
+			break
+		}
+		time.Sleep(time.Second)
+		last = heap()
+	}
+	b.ReportMetric(stored-base, "stored-heap-MiB")
+	b.ReportMetric(drained-base, "drained-heap-MiB")
+	b.ReportMetric(last-base, "final-heap-MiB")
+	b.ReportMetric(back, "back-within-32MiB-s")
+	if back < 0 {
+		b.Errorf("60 s after draining %d messages the heap is %.1f MiB above its baseline (want at most 32)", n, last-base)
+	}
+}

@@ -77,9 +77,13 @@ type Deps struct {
 
 // Peers reaches the replica that consumes a queue, when several share one KubeMQ.
 type Peers struct {
-	c *cluster.Cluster
-	p *cluster.Peers
+	c    *cluster.Cluster
+	p    *cluster.Peers
+	self string // this replica's advertised peer address
 }
+
+// Self returns the peer address this replica advertises.
+func (p *Peers) Self() string { return p.self }
 
 // Owner returns the peer address of another replica that consumes queue.
 func (p *Peers) Owner(queue string) (string, bool) {
@@ -644,7 +648,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		if p.peers, err = cluster.NewPeers(po); err != nil {
 			return err
 		}
-		deps.Peers = &Peers{c: c, p: p.peers}
+		deps.Peers = &Peers{c: c, p: p.peers, self: advertise}
 	}
 	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))
 	return nil

@@ -117,7 +117,7 @@ func (x QueueRequest_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use QueueRequest_Op.Descriptor instead.
 func (QueueRequest_Op) EnumDescriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{12, 0}
+	return file_peer_proto_rawDescGZIP(), []int{13, 0}
 }
 
 // QueueRef names a queue: its vhost key and name as the front-end knows
@@ -322,7 +322,14 @@ type Open struct {
 	Priority    int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	// credit: deliveries the caller may take at once (more come as Credit),
 	// so the consumer has its share from the moment it is registered.
-	Credit        uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
+	Credit uint32 `protobuf:"varint,6,opt,name=credit,proto3" json:"credit,omitempty"`
+	// single_active: the queue has x-single-active-consumer (the holder may
+	// know the queue only as a stand-in, without its arguments).
+	SingleActive bool `protobuf:"varint,7,opt,name=single_active,json=singleActive,proto3" json:"single_active,omitempty"`
+	// batch: the caller takes Deliveries; the holder then sends the
+	// deliveries that are ready at once in one response. A caller that does
+	// not set it gets one Delivery per response.
+	Batch         bool `protobuf:"varint,8,opt,name=batch,proto3" json:"batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +404,20 @@ func (x *Open) GetCredit() uint32 {
 		return x.Credit
 	}
 	return 0
+}
+
+func (x *Open) GetSingleActive() bool {
+	if x != nil {
+		return x.SingleActive
+	}
+	return false
+}
+
+func (x *Open) GetBatch() bool {
+	if x != nil {
+		return x.Batch
+	}
+	return false
 }
 
 type Credit struct {
@@ -575,6 +596,7 @@ type LinkResponse struct {
 	//	*LinkResponse_Delivery
 	//	*LinkResponse_GetEmpty
 	//	*LinkResponse_Cancelled
+	//	*LinkResponse_Deliveries
 	Kind          isLinkResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -653,6 +675,15 @@ func (x *LinkResponse) GetCancelled() *Cancelled {
 	return nil
 }
 
+func (x *LinkResponse) GetDeliveries() *Deliveries {
+	if x != nil {
+		if x, ok := x.Kind.(*LinkResponse_Deliveries); ok {
+			return x.Deliveries
+		}
+	}
+	return nil
+}
+
 type isLinkResponse_Kind interface {
 	isLinkResponse_Kind()
 }
@@ -673,6 +704,10 @@ type LinkResponse_Cancelled struct {
 	Cancelled *Cancelled `protobuf:"bytes,4,opt,name=cancelled,proto3,oneof"` // the owner ended the consumer (queue deleted)
 }
 
+type LinkResponse_Deliveries struct {
+	Deliveries *Deliveries `protobuf:"bytes,5,opt,name=deliveries,proto3,oneof"` // several deliveries (links opened with batch)
+}
+
 func (*LinkResponse_Opened) isLinkResponse_Kind() {}
 
 func (*LinkResponse_Delivery) isLinkResponse_Kind() {}
@@ -680,6 +715,52 @@ func (*LinkResponse_Delivery) isLinkResponse_Kind() {}
 func (*LinkResponse_GetEmpty) isLinkResponse_Kind() {}
 
 func (*LinkResponse_Cancelled) isLinkResponse_Kind() {}
+
+func (*LinkResponse_Deliveries) isLinkResponse_Kind() {}
+
+type Deliveries struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*Delivery            `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Deliveries) Reset() {
+	*x = Deliveries{}
+	mi := &file_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Deliveries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Deliveries) ProtoMessage() {}
+
+func (x *Deliveries) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Deliveries.ProtoReflect.Descriptor instead.
+func (*Deliveries) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Deliveries) GetItems() []*Delivery {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
 
 type Opened struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -689,7 +770,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +782,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[8]
+	mi := &file_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +795,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{8}
+	return file_peer_proto_rawDescGZIP(), []int{9}
 }
 
 type GetEmpty struct {
@@ -725,7 +806,7 @@ type GetEmpty struct {
 
 func (x *GetEmpty) Reset() {
 	*x = GetEmpty{}
-	mi := &file_peer_proto_msgTypes[9]
+	mi := &file_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +818,7 @@ func (x *GetEmpty) String() string {
 func (*GetEmpty) ProtoMessage() {}
 
 func (x *GetEmpty) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[9]
+	mi := &file_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +831,7 @@ func (x *GetEmpty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEmpty.ProtoReflect.Descriptor instead.
 func (*GetEmpty) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{9}
+	return file_peer_proto_rawDescGZIP(), []int{10}
 }
 
 type Cancelled struct {
@@ -762,7 +843,7 @@ type Cancelled struct {
 
 func (x *Cancelled) Reset() {
 	*x = Cancelled{}
-	mi := &file_peer_proto_msgTypes[10]
+	mi := &file_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +855,7 @@ func (x *Cancelled) String() string {
 func (*Cancelled) ProtoMessage() {}
 
 func (x *Cancelled) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[10]
+	mi := &file_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +868,7 @@ func (x *Cancelled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancelled.ProtoReflect.Descriptor instead.
 func (*Cancelled) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{10}
+	return file_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Cancelled) GetReason() string {
@@ -815,7 +896,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_peer_proto_msgTypes[11]
+	mi := &file_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +908,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[11]
+	mi := &file_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +921,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{11}
+	return file_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Delivery) GetKey() uint64 {
@@ -895,7 +976,7 @@ type QueueRequest struct {
 
 func (x *QueueRequest) Reset() {
 	*x = QueueRequest{}
-	mi := &file_peer_proto_msgTypes[12]
+	mi := &file_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +988,7 @@ func (x *QueueRequest) String() string {
 func (*QueueRequest) ProtoMessage() {}
 
 func (x *QueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[12]
+	mi := &file_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1001,7 @@ func (x *QueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueRequest.ProtoReflect.Descriptor instead.
 func (*QueueRequest) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{12}
+	return file_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *QueueRequest) GetQueue() *QueueRef {
@@ -950,7 +1031,7 @@ type QueueResponse struct {
 
 func (x *QueueResponse) Reset() {
 	*x = QueueResponse{}
-	mi := &file_peer_proto_msgTypes[13]
+	mi := &file_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1043,7 @@ func (x *QueueResponse) String() string {
 func (*QueueResponse) ProtoMessage() {}
 
 func (x *QueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_peer_proto_msgTypes[13]
+	mi := &file_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1056,7 @@ func (x *QueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueResponse.ProtoReflect.Descriptor instead.
 func (*QueueResponse) Descriptor() ([]byte, []int) {
-	return file_peer_proto_rawDescGZIP(), []int{13}
+	return file_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *QueueResponse) GetCount() uint32 {
@@ -999,6 +1080,134 @@ func (x *QueueResponse) GetConsumers() uint32 {
 	return 0
 }
 
+type ReplyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`                                 // the reply consumer's key (the name's last part)
+	RoutingKey    string                 `protobuf:"bytes,2,opt,name=routing_key,json=routingKey,proto3" json:"routing_key,omitempty"` // the whole reply name the message was published to
+	Metadata      string                 `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`                       // properties as message.go stores them
+	Tags          map[string]string      `protobuf:"bytes,4,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body          []byte                 `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	Probe         bool                   `protobuf:"varint,6,opt,name=probe,proto3" json:"probe,omitempty"` // only report whether the consumer is alive; deliver nothing
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyRequest) Reset() {
+	*x = ReplyRequest{}
+	mi := &file_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyRequest) ProtoMessage() {}
+
+func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
+func (*ReplyRequest) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReplyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetRoutingKey() string {
+	if x != nil {
+		return x.RoutingKey
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetMetadata() string {
+	if x != nil {
+		return x.Metadata
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ReplyRequest) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
+}
+
+type ReplyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Alive         bool                   `protobuf:"varint,1,opt,name=alive,proto3" json:"alive,omitempty"` // the reply consumer exists (and, unless probe, got the message)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyResponse) Reset() {
+	*x = ReplyResponse{}
+	mi := &file_peer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyResponse) ProtoMessage() {}
+
+func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_peer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
+func (*ReplyResponse) Descriptor() ([]byte, []int) {
+	return file_peer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReplyResponse) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
 var File_peer_proto protoreflect.FileDescriptor
 
 const file_peer_proto_rawDesc = "" +
@@ -1015,14 +1224,16 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\xcf\x01\n" +
+	"\x04kind\"\x8a\x02\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
 	"\fconsumer_tag\x18\x03 \x01(\tR\vconsumerTag\x12\x1c\n" +
 	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
-	"\x06credit\x18\x06 \x01(\rR\x06credit\"\x1a\n" +
+	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
+	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
+	"\x05batch\x18\b \x01(\bR\x05batch\"\x1a\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\"y\n" +
 	"\x06Settle\x123\n" +
@@ -1034,13 +1245,19 @@ const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x06REJECT\x10\x02\"\x05\n" +
 	"\x03Get\"\b\n" +
-	"\x06Cancel\"\x9c\x02\n" +
+	"\x06Cancel\"\xe4\x02\n" +
 	"\fLinkResponse\x12:\n" +
 	"\x06opened\x18\x01 \x01(\v2 .kubemqproxy.amqp.peer.v1.OpenedH\x00R\x06opened\x12@\n" +
 	"\bdelivery\x18\x02 \x01(\v2\".kubemqproxy.amqp.peer.v1.DeliveryH\x00R\bdelivery\x12A\n" +
 	"\tget_empty\x18\x03 \x01(\v2\".kubemqproxy.amqp.peer.v1.GetEmptyH\x00R\bgetEmpty\x12C\n" +
-	"\tcancelled\x18\x04 \x01(\v2#.kubemqproxy.amqp.peer.v1.CancelledH\x00R\tcancelledB\x06\n" +
-	"\x04kind\"\b\n" +
+	"\tcancelled\x18\x04 \x01(\v2#.kubemqproxy.amqp.peer.v1.CancelledH\x00R\tcancelled\x12F\n" +
+	"\n" +
+	"deliveries\x18\x05 \x01(\v2$.kubemqproxy.amqp.peer.v1.DeliveriesH\x00R\n" +
+	"deliveriesB\x06\n" +
+	"\x04kind\"F\n" +
+	"\n" +
+	"Deliveries\x128\n" +
+	"\x05items\x18\x01 \x03(\v2\".kubemqproxy.amqp.peer.v1.DeliveryR\x05items\"\b\n" +
 	"\x06Opened\"\n" +
 	"\n" +
 	"\bGetEmpty\"#\n" +
@@ -1065,10 +1282,24 @@ const file_peer_proto_rawDesc = "" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
 	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +
-	"\tconsumers\x18\x03 \x01(\rR\tconsumers2\xbf\x01\n" +
+	"\tconsumers\x18\x03 \x01(\rR\tconsumers\"\x86\x02\n" +
+	"\fReplyRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
+	"\vrouting_key\x18\x02 \x01(\tR\n" +
+	"routingKey\x12\x1a\n" +
+	"\bmetadata\x18\x03 \x01(\tR\bmetadata\x12D\n" +
+	"\x04tags\x18\x04 \x03(\v20.kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntryR\x04tags\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x14\n" +
+	"\x05probe\x18\x06 \x01(\bR\x05probe\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"%\n" +
+	"\rReplyResponse\x12\x14\n" +
+	"\x05alive\x18\x01 \x01(\bR\x05alive2\x99\x02\n" +
 	"\bAMQPPeer\x12Y\n" +
 	"\x04Link\x12%.kubemqproxy.amqp.peer.v1.LinkRequest\x1a&.kubemqproxy.amqp.peer.v1.LinkResponse(\x010\x01\x12X\n" +
-	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
+	"\x05Queue\x12&.kubemqproxy.amqp.peer.v1.QueueRequest\x1a'.kubemqproxy.amqp.peer.v1.QueueResponse\x12X\n" +
+	"\x05Reply\x12&.kubemqproxy.amqp.peer.v1.ReplyRequest\x1a'.kubemqproxy.amqp.peer.v1.ReplyResponseB2Z0github.com/kubemq-io/kubemq-proxy/amqp091/peerpbb\x06proto3"
 
 var (
 	file_peer_proto_rawDescOnce sync.Once
@@ -1083,7 +1314,7 @@ func file_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_peer_proto_goTypes = []any{
 	(Settle_Op)(0),        // 0: kubemqproxy.amqp.peer.v1.Settle.Op
 	(QueueRequest_Op)(0),  // 1: kubemqproxy.amqp.peer.v1.QueueRequest.Op
@@ -1095,13 +1326,17 @@ var file_peer_proto_goTypes = []any{
 	(*Get)(nil),           // 7: kubemqproxy.amqp.peer.v1.Get
 	(*Cancel)(nil),        // 8: kubemqproxy.amqp.peer.v1.Cancel
 	(*LinkResponse)(nil),  // 9: kubemqproxy.amqp.peer.v1.LinkResponse
-	(*Opened)(nil),        // 10: kubemqproxy.amqp.peer.v1.Opened
-	(*GetEmpty)(nil),      // 11: kubemqproxy.amqp.peer.v1.GetEmpty
-	(*Cancelled)(nil),     // 12: kubemqproxy.amqp.peer.v1.Cancelled
-	(*Delivery)(nil),      // 13: kubemqproxy.amqp.peer.v1.Delivery
-	(*QueueRequest)(nil),  // 14: kubemqproxy.amqp.peer.v1.QueueRequest
-	(*QueueResponse)(nil), // 15: kubemqproxy.amqp.peer.v1.QueueResponse
-	nil,                   // 16: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	(*Deliveries)(nil),    // 10: kubemqproxy.amqp.peer.v1.Deliveries
+	(*Opened)(nil),        // 11: kubemqproxy.amqp.peer.v1.Opened
+	(*GetEmpty)(nil),      // 12: kubemqproxy.amqp.peer.v1.GetEmpty
+	(*Cancelled)(nil),     // 13: kubemqproxy.amqp.peer.v1.Cancelled
+	(*Delivery)(nil),      // 14: kubemqproxy.amqp.peer.v1.Delivery
+	(*QueueRequest)(nil),  // 15: kubemqproxy.amqp.peer.v1.QueueRequest
+	(*QueueResponse)(nil), // 16: kubemqproxy.amqp.peer.v1.QueueResponse
+	(*ReplyRequest)(nil),  // 17: kubemqproxy.amqp.peer.v1.ReplyRequest
+	(*ReplyResponse)(nil), // 18: kubemqproxy.amqp.peer.v1.ReplyResponse
+	nil,                   // 19: kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	nil,                   // 20: kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
 }
 var file_peer_proto_depIdxs = []int32{
 	4,  // 0: kubemqproxy.amqp.peer.v1.LinkRequest.open:type_name -> kubemqproxy.amqp.peer.v1.Open
@@ -1111,22 +1346,27 @@ var file_peer_proto_depIdxs = []int32{
 	8,  // 4: kubemqproxy.amqp.peer.v1.LinkRequest.cancel:type_name -> kubemqproxy.amqp.peer.v1.Cancel
 	2,  // 5: kubemqproxy.amqp.peer.v1.Open.queue:type_name -> kubemqproxy.amqp.peer.v1.QueueRef
 	0,  // 6: kubemqproxy.amqp.peer.v1.Settle.op:type_name -> kubemqproxy.amqp.peer.v1.Settle.Op
-	10, // 7: kubemqproxy.amqp.peer.v1.LinkResponse.opened:type_name -> kubemqproxy.amqp.peer.v1.Opened
-	13, // 8: kubemqproxy.amqp.peer.v1.LinkResponse.delivery:type_name -> kubemqproxy.amqp.peer.v1.Delivery
-	11, // 9: kubemqproxy.amqp.peer.v1.LinkResponse.get_empty:type_name -> kubemqproxy.amqp.peer.v1.GetEmpty
-	12, // 10: kubemqproxy.amqp.peer.v1.LinkResponse.cancelled:type_name -> kubemqproxy.amqp.peer.v1.Cancelled
-	16, // 11: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
-	2,  // 12: kubemqproxy.amqp.peer.v1.QueueRequest.queue:type_name -> kubemqproxy.amqp.peer.v1.QueueRef
-	1,  // 13: kubemqproxy.amqp.peer.v1.QueueRequest.op:type_name -> kubemqproxy.amqp.peer.v1.QueueRequest.Op
-	3,  // 14: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
-	14, // 15: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
-	9,  // 16: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
-	15, // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
-	16, // [16:18] is the sub-list for method output_type
-	14, // [14:16] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	11, // 7: kubemqproxy.amqp.peer.v1.LinkResponse.opened:type_name -> kubemqproxy.amqp.peer.v1.Opened
+	14, // 8: kubemqproxy.amqp.peer.v1.LinkResponse.delivery:type_name -> kubemqproxy.amqp.peer.v1.Delivery
+	12, // 9: kubemqproxy.amqp.peer.v1.LinkResponse.get_empty:type_name -> kubemqproxy.amqp.peer.v1.GetEmpty
+	13, // 10: kubemqproxy.amqp.peer.v1.LinkResponse.cancelled:type_name -> kubemqproxy.amqp.peer.v1.Cancelled
+	10, // 11: kubemqproxy.amqp.peer.v1.LinkResponse.deliveries:type_name -> kubemqproxy.amqp.peer.v1.Deliveries
+	14, // 12: kubemqproxy.amqp.peer.v1.Deliveries.items:type_name -> kubemqproxy.amqp.peer.v1.Delivery
+	19, // 13: kubemqproxy.amqp.peer.v1.Delivery.tags:type_name -> kubemqproxy.amqp.peer.v1.Delivery.TagsEntry
+	2,  // 14: kubemqproxy.amqp.peer.v1.QueueRequest.queue:type_name -> kubemqproxy.amqp.peer.v1.QueueRef
+	1,  // 15: kubemqproxy.amqp.peer.v1.QueueRequest.op:type_name -> kubemqproxy.amqp.peer.v1.QueueRequest.Op
+	20, // 16: kubemqproxy.amqp.peer.v1.ReplyRequest.tags:type_name -> kubemqproxy.amqp.peer.v1.ReplyRequest.TagsEntry
+	3,  // 17: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:input_type -> kubemqproxy.amqp.peer.v1.LinkRequest
+	15, // 18: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:input_type -> kubemqproxy.amqp.peer.v1.QueueRequest
+	17, // 19: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:input_type -> kubemqproxy.amqp.peer.v1.ReplyRequest
+	9,  // 20: kubemqproxy.amqp.peer.v1.AMQPPeer.Link:output_type -> kubemqproxy.amqp.peer.v1.LinkResponse
+	16, // 21: kubemqproxy.amqp.peer.v1.AMQPPeer.Queue:output_type -> kubemqproxy.amqp.peer.v1.QueueResponse
+	18, // 22: kubemqproxy.amqp.peer.v1.AMQPPeer.Reply:output_type -> kubemqproxy.amqp.peer.v1.ReplyResponse
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_peer_proto_init() }
@@ -1146,6 +1386,7 @@ func file_peer_proto_init() {
 		(*LinkResponse_Delivery)(nil),
 		(*LinkResponse_GetEmpty)(nil),
 		(*LinkResponse_Cancelled)(nil),
+		(*LinkResponse_Deliveries)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1153,7 +1394,7 @@ func file_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_peer_proto_rawDesc), len(file_peer_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   15,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AMQPPeer_Link_FullMethodName  = "/kubemqproxy.amqp.peer.v1.AMQPPeer/Link"
 	AMQPPeer_Queue_FullMethodName = "/kubemqproxy.amqp.peer.v1.AMQPPeer/Queue"
+	AMQPPeer_Reply_FullMethodName = "/kubemqproxy.amqp.peer.v1.AMQPPeer/Reply"
 )
 
 // AMQPPeerClient is the client API for AMQPPeer service.
@@ -39,6 +40,10 @@ type AMQPPeerClient interface {
 	// Queue answers the message count of a queue, or purges it, on the
 	// replica that holds it (its read-ahead buffer is part of the count).
 	Queue(ctx context.Context, in *QueueRequest, opts ...grpc.CallOption) (*QueueResponse, error)
+	// Reply hands a direct reply-to message to the replica whose channel
+	// owns the reply name (amq.rabbitmq.reply-to.<node>.<key>), or, with
+	// probe, only asks whether that channel still consumes.
+	Reply(ctx context.Context, in *ReplyRequest, opts ...grpc.CallOption) (*ReplyResponse, error)
 }
 
 type aMQPPeerClient struct {
@@ -72,6 +77,16 @@ func (c *aMQPPeerClient) Queue(ctx context.Context, in *QueueRequest, opts ...gr
 	return out, nil
 }
 
+func (c *aMQPPeerClient) Reply(ctx context.Context, in *ReplyRequest, opts ...grpc.CallOption) (*ReplyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplyResponse)
+	err := c.cc.Invoke(ctx, AMQPPeer_Reply_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AMQPPeerServer is the server API for AMQPPeer service.
 // All implementations must embed UnimplementedAMQPPeerServer
 // for forward compatibility.
@@ -84,6 +99,10 @@ type AMQPPeerServer interface {
 	// Queue answers the message count of a queue, or purges it, on the
 	// replica that holds it (its read-ahead buffer is part of the count).
 	Queue(context.Context, *QueueRequest) (*QueueResponse, error)
+	// Reply hands a direct reply-to message to the replica whose channel
+	// owns the reply name (amq.rabbitmq.reply-to.<node>.<key>), or, with
+	// probe, only asks whether that channel still consumes.
+	Reply(context.Context, *ReplyRequest) (*ReplyResponse, error)
 	mustEmbedUnimplementedAMQPPeerServer()
 }
 
@@ -99,6 +118,9 @@ func (UnimplementedAMQPPeerServer) Link(grpc.BidiStreamingServer[LinkRequest, Li
 }
 func (UnimplementedAMQPPeerServer) Queue(context.Context, *QueueRequest) (*QueueResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Queue not implemented")
+}
+func (UnimplementedAMQPPeerServer) Reply(context.Context, *ReplyRequest) (*ReplyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Reply not implemented")
 }
 func (UnimplementedAMQPPeerServer) mustEmbedUnimplementedAMQPPeerServer() {}
 func (UnimplementedAMQPPeerServer) testEmbeddedByValue()                  {}
@@ -146,6 +168,24 @@ func _AMQPPeer_Queue_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AMQPPeer_Reply_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AMQPPeerServer).Reply(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AMQPPeer_Reply_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AMQPPeerServer).Reply(ctx, req.(*ReplyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AMQPPeer_ServiceDesc is the grpc.ServiceDesc for AMQPPeer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -156,6 +196,10 @@ var AMQPPeer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Queue",
 			Handler:    _AMQPPeer_Queue_Handler,
+		},
+		{
+			MethodName: "Reply",
+			Handler:    _AMQPPeer_Reply_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -3,6 +3,7 @@ package proctest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -90,4 +91,18 @@ func ScrapeLines(httpAddr string) ([]string, error) {
 		}
 	}
 	return lines, sc.Err()
+}
+
+// Get fetches url (a process's side port) and returns the body of a 200 answer.
+func Get(url string) ([]byte, error) {
+	hc := http.Client{Timeout: 60 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }

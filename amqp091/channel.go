@@ -144,6 +144,9 @@ func (ch *channel) run() {
 		case <-ch.wake:
 			ch.runPosted()
 			ch.confirms.emit()
+			if len(ch.unflushed) > 0 {
+				ch.flushSettles()
+			}
 		case <-ch.c.ctx.Done():
 			return
 		}

@@ -268,8 +268,8 @@ func TestSubscriptionAdmin(t *testing.T) {
 	}
 	err = sa.ModifyPushConfig(ctx, &pubsubpb.ModifyPushConfigRequest{Subscription: e.subName(sid), PushConfig: &pubsubpb.PushConfig{PushEndpoint: "https://example.com/x"}})
 	wantCode(t, err, codes.Unimplemented, "")
-	_, err = sa.Seek(ctx, &pubsubpb.SeekRequest{Subscription: e.subName(sid), Target: &pubsubpb.SeekRequest_Snapshot{Snapshot: "projects/" + e.project + "/snapshots/x"}})
-	wantCode(t, err, codes.Unimplemented, "")
+	_, err = sa.Seek(ctx, &pubsubpb.SeekRequest{Subscription: e.subName(sid), Target: &pubsubpb.SeekRequest_Snapshot{Snapshot: "projects/" + e.project + "/snapshots/no-such"}})
+	wantCode(t, err, codes.NotFound, "")
 
 	var listed []string
 	it := sa.ListSubscriptions(ctx, &pubsubpb.ListSubscriptionsRequest{Project: "projects/" + e.project})

@@ -27,6 +27,16 @@ type backend interface {
 	// publish time) up to the last event stored when it starts; not at all
 	// when none is that recent.
 	readLog(ctx context.Context, channel string, from time.Time, fn func([]kubemqclient.EventReceive) error) error
+	// lastLogEvent is the last event of an events-store channel; ok is
+	// false when it holds none.
+	lastLogEvent(ctx context.Context, channel string) (ev kubemqclient.EventReceive, ok bool, err error)
+	// readAll calls fn with the first n events of an events-store channel,
+	// in batches and in order (fewer if fewer are retained).
+	readAll(ctx context.Context, channel string, n uint64, fn func([]kubemqclient.EventReceive) error) error
+	// move takes every message waiting in queue from and stores it, in
+	// order, in queue to, calling visit (may be nil) with each on the way;
+	// it reports how many it moved. Nobody else may read from meanwhile.
+	move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) error) (int, error)
 }
 
 // Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100

@@ -116,6 +116,7 @@ type catalog struct {
 	schemas   map[string]*schemaEntry         // schema id -> schema (schemacatalog.go)
 	revisions map[string]*revEntry            // "{schema}@{revision}" -> definition
 	iam       map[string]*iamEntry            // "topics/t", "subscriptions/s", "schemas/x" -> policy (iam.go)
+	snaps     map[string]*snapEntry           // snapshot id -> snapshot (snapshot.go)
 }
 
 func newCatalog(log *zap.Logger) *catalog {
@@ -128,6 +129,7 @@ func newCatalog(log *zap.Logger) *catalog {
 		schemas:   map[string]*schemaEntry{},
 		revisions: map[string]*revEntry{},
 		iam:       map[string]*iamEntry{},
+		snaps:     map[string]*snapEntry{},
 	}
 }
 
@@ -142,7 +144,7 @@ func (c *catalog) follow(t topology) (cancel func()) {
 		defer c.mu.Unlock()
 		c.applyLocked(kind, r)
 	})
-	for _, kind := range []string{kindTopic, kindSubscription, kindSchema, kindSchemaRevision, kindIAM} {
+	for _, kind := range []string{kindTopic, kindSubscription, kindSchema, kindSchemaRevision, kindIAM, kindSnapshot} {
 		for _, r := range t.list(kind) {
 			c.applyLocked(kind, r)
 		}
@@ -154,6 +156,8 @@ func (c *catalog) applyLocked(kind string, r record) {
 	switch kind {
 	case kindIAM:
 		c.applyIAMLocked(r)
+	case kindSnapshot:
+		c.applySnapshotLocked(r)
 	case kindSchema:
 		c.applySchemaLocked(r)
 	case kindSchemaRevision:

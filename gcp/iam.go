@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"regexp"
 	"strings"
+	"time"
 
 	"cloud.google.com/go/iam/apiv1/iampb"
 	"go.uber.org/zap"
@@ -115,7 +116,11 @@ func (p iamPolicy) iamResource(name string) (key, uid string, err error) {
 		if err != nil {
 			return "", "", status.Error(codes.InvalidArgument, err.Error())
 		}
-		return "", "", notFound(sn.ID) // snapshots are not served: none exists
+		e, ok := p.s.cat.snapshot(sn.ID, time.Now())
+		if !ok {
+			return "", "", notFound(sn.ID)
+		}
+		return "snapshots/" + sn.ID, e.rec.UID, nil
 	}
 	return "", "", status.Errorf(codes.InvalidArgument, "Invalid resource name given (name=%s).", name)
 }

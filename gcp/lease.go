@@ -164,6 +164,7 @@ type subRuntime struct {
 	timer    *time.Timer
 	wake     chan struct{} // cap 1: the earliest deadline moved
 	fetchSem chan struct{} // cap 1: ordered: the one fetch taking from the engine
+	eod      eodAcks       // exactly-once: message ids acked lately (eod.go)
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -270,6 +271,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 			}
 		}
 		ordered := e.proto.GetEnableMessageOrdering()
+		if err := r.loadAcked(ctx, e); err != nil { // exactly-once (eod.go)
+			return nil, err
+		}
 		if ordered {
 			// One fetch at a time takes an ordered subscription's messages
 			// from the engine and files them: two fetches filing their
@@ -303,6 +307,9 @@ func (r *subRuntime) fetch(ctx context.Context, max int, f *flow, deadline time.
 		}
 		ds, err := r.h.Fetch(fctx, room)
 		cancel()
+		if err == nil {
+			ds = r.dropAcked(e, ds) // exactly-once (eod.go)
+		}
 		if err != nil {
 			release()
 			if ctx.Err() != nil {
@@ -569,16 +576,28 @@ func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
 // subscriptions, as Google: acking an expired id "may succeed"). An
 // ordered message acked while an earlier one of its key is unsettled is
 // held, and settled with the earlier ones.
-func (r *subRuntime) ack(ids []string) {
+func (r *subRuntime) ack(ids []string) { r.settleAcks(ids, false) }
+
+// settleAcks is ack; strict (exactly-once, eod.go) also refuses leases
+// whose deadline has passed, and reports the ids that settled nothing and,
+// for those acked, "{ack id} {message id}".
+func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []string) {
 	settled := make([]string, 0, len(ids))
-	acked := 0
+	n := 0
+	now := time.Now()
 	r.mu.Lock()
 	for _, id := range ids {
 		l := r.lookupLocked(id)
-		if l == nil {
+		if l == nil || strict && !now.Before(l.deadline) {
+			if strict {
+				missed = append(missed, id)
+			}
 			continue
 		}
-		acked++
+		n++
+		if strict {
+			acked = append(acked, id+" "+pubsubID(l.d))
+		}
 		var ks *keyState
 		if l.key != "" {
 			ks = r.keys[l.key]
@@ -601,9 +620,10 @@ func (r *subRuntime) ack(ids []string) {
 	if len(settled) > 0 {
 		r.h.Ack(settled...)
 	}
-	if acked > 0 {
-		r.acked.Add(float64(acked))
+	if n > 0 {
+		r.acked.Add(float64(n))
 	}
+	return missed, acked
 }
 
 // settleAckedHeadLocked forgets the acked messages at the head of a key's
@@ -620,25 +640,41 @@ func (r *subRuntime) settleAckedHeadLocked(ks *keyState) []string {
 }
 
 // modack extends deadlines (seconds > 0) or nacks (0).
-func (r *subRuntime) modack(ids []string, seconds int32) {
+func (r *subRuntime) modack(ids []string, seconds int32) { r.modackLeases(ids, seconds, false) }
+
+// modackLeases is modack; strict (exactly-once, eod.go) also refuses
+// leases whose deadline has passed, and reports the ids that matched
+// nothing.
+func (r *subRuntime) modackLeases(ids []string, seconds int32, strict bool) (missed []string) {
+	now := time.Now()
+	live := func(id string) *lease {
+		l := r.lookupLocked(id)
+		if l == nil || strict && !now.Before(l.deadline) {
+			if strict {
+				missed = append(missed, id)
+			}
+			return nil
+		}
+		return l
+	}
 	if seconds == 0 {
 		r.mu.Lock()
 		var failed []failure
 		for _, id := range ids {
-			if l := r.lookupLocked(id); l != nil {
+			if l := live(id); l != nil {
 				failed = append(failed, failure{l, l.gen})
 			}
 		}
 		r.mu.Unlock()
 		r.nacked.Add(float64(len(failed)))
 		r.fail(failed, false)
-		return
+		return missed
 	}
-	t := time.Now().Add(time.Duration(seconds) * time.Second)
+	t := now.Add(time.Duration(seconds) * time.Second)
 	held := make([]string, 0, len(ids))
 	r.mu.Lock()
 	for _, id := range ids {
-		if l := r.lookupLocked(id); l != nil {
+		if l := live(id); l != nil {
 			r.setDeadlineLocked(l, t)
 			held = append(held, l.d.LeaseID)
 		}
@@ -647,6 +683,7 @@ func (r *subRuntime) modack(ids []string, seconds int32) {
 	if len(held) > 0 {
 		r.h.Hold(t, held...)
 	}
+	return missed
 }
 
 // backoff is the retry policy's delay after a failed attempt: exponential

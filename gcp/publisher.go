@@ -193,18 +193,6 @@ func (p *publisher) ListTopicSubscriptions(ctx context.Context, req *pubsubpb.Li
 	return resp, nil
 }
 
-// ListTopicSnapshots is empty until snapshots exist.
-func (p *publisher) ListTopicSnapshots(ctx context.Context, req *pubsubpb.ListTopicSnapshotsRequest) (*pubsubpb.ListTopicSnapshotsResponse, error) {
-	tn, err := names.ParseTopic(req.GetTopic())
-	if err != nil {
-		return nil, err
-	}
-	if _, ok := p.s.cat.topic(tn.ID); !ok {
-		return nil, notFound(tn.ID)
-	}
-	return &pubsubpb.ListTopicSnapshotsResponse{}, nil
-}
-
 // DeleteTopic follows Google: the subscriptions survive, keep their
 // backlog, report topic "_deleted-topic_" and never attach to a topic
 // created later under the same id (they are bound to this incarnation's

@@ -297,6 +297,12 @@ func (p *subscriber) Acknowledge(ctx context.Context, req *pubsubpb.AcknowledgeR
 		return nil, err
 	}
 	if rt != nil {
+		if rt.exactlyOnce() {
+			if err := p.s.ackExactlyOnce(ctx, rt, req.GetAckIds()); err != nil {
+				return nil, err
+			}
+			return &emptypb.Empty{}, nil
+		}
 		rt.ack(req.GetAckIds())
 		return &emptypb.Empty{}, nil
 	}
@@ -306,7 +312,18 @@ func (p *subscriber) Acknowledge(ctx context.Context, req *pubsubpb.AcknowledgeR
 		}
 		return sc.Acknowledge(ctx, req)
 	}
-	return &emptypb.Empty{}, nil
+	return &emptypb.Empty{}, p.s.noLeases(req.GetSubscription(), req.GetAckIds())
+}
+
+// noLeases answers acks and modacks that reach no runtime (no lease is
+// out anywhere): a no-op, or every id invalid with exactly-once.
+func (s *Server) noLeases(sub string, ids []string) error {
+	if sn, err := names.ParseSubscription(sub); err == nil {
+		if e, ok := s.cat.sub(sn.ID); ok && e.proto.GetEnableExactlyOnceDelivery() {
+			return eodInvalid(ids)
+		}
+	}
+	return nil
 }
 
 func (p *subscriber) ModifyAckDeadline(ctx context.Context, req *pubsubpb.ModifyAckDeadlineRequest) (*emptypb.Empty, error) {
@@ -318,6 +335,12 @@ func (p *subscriber) ModifyAckDeadline(ctx context.Context, req *pubsubpb.Modify
 		return nil, err
 	}
 	if rt != nil {
+		if rt.exactlyOnce() {
+			if err := p.s.modackExactlyOnce(rt, req.GetAckIds(), req.GetAckDeadlineSeconds()); err != nil {
+				return nil, err
+			}
+			return &emptypb.Empty{}, nil
+		}
 		rt.modack(req.GetAckIds(), req.GetAckDeadlineSeconds())
 		return &emptypb.Empty{}, nil
 	}
@@ -327,5 +350,5 @@ func (p *subscriber) ModifyAckDeadline(ctx context.Context, req *pubsubpb.Modify
 		}
 		return sc.ModifyAckDeadline(ctx, req)
 	}
-	return &emptypb.Empty{}, nil
+	return &emptypb.Empty{}, p.s.noLeases(req.GetSubscription(), req.GetAckIds())
 }

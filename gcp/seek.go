@@ -29,21 +29,20 @@ import (
 // with UNAVAILABLE and the clients pull again from the new backlog.
 var errSeeked = errors.New("subscription seeked")
 
-// Seek implements Subscriber.Seek for a time target.
+// Seek implements Subscriber.Seek.
 func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubsubpb.SeekResponse, error) {
 	sn, err := names.ParseSubscription(req.GetSubscription())
 	if err != nil {
 		return nil, err
 	}
-	if req.GetSnapshot() != "" {
-		return nil, unimplementedf("Snapshots are not supported by kubemq-proxy yet; seek to a time instead.")
-	}
 	ts := req.GetTime()
-	if ts == nil {
-		return nil, invalidArgf("A seek target is required: a time (snapshots are not supported yet).")
-	}
-	if err := ts.CheckValid(); err != nil {
-		return nil, invalidArgf("Invalid seek time: %v.", err)
+	if req.GetSnapshot() == "" {
+		if ts == nil {
+			return nil, invalidArgf("A seek target is required: a time or a snapshot.")
+		}
+		if err := ts.CheckValid(); err != nil {
+			return nil, invalidArgf("Invalid seek time: %v.", err)
+		}
 	}
 	s := p.s
 	e, ok := s.cat.sub(sn.ID)
@@ -53,12 +52,26 @@ func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubs
 	if e.proto.GetDetached() {
 		return nil, status.Errorf(codes.FailedPrecondition, "Subscription %s is detached.", sn.ID)
 	}
+	var snap *snapEntry
+	if req.GetSnapshot() != "" {
+		if snap, err = s.snapshotTarget(e, req.GetSnapshot()); err != nil {
+			return nil, err
+		}
+	}
 	// The replica that consumes the subscription gives up its leases and backlog.
 	if sc, ok, err := s.remote(ctx, e.queue); err != nil || ok {
 		if err != nil {
 			return nil, err
 		}
 		return sc.Seek(ctx, req)
+	}
+	if snap != nil {
+		n, err := s.seekSnapshot(ctx, e, snap)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		s.log.Info("subscription seeked", zap.String("subscription", sn.ID), zap.String("snapshot", snap.id), zap.Int("replayed", n))
+		return &pubsubpb.SeekResponse{}, nil
 	}
 	n, err := s.seek(ctx, e, ts.AsTime())
 	if err != nil {
@@ -72,6 +85,16 @@ func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubs
 // target; it reports how many messages it enqueued. Pulls and streams of e
 // wait meanwhile; seeks of one subscription run one at a time.
 func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, error) {
+	if !target.Before(time.Now()) {
+		return s.seekReplay(ctx, e, time.Time{}, nil)
+	}
+	return s.seekReplay(ctx, e, target, func(_ *kubemqclient.EventReceive, _ string) bool { return true })
+}
+
+// seekReplay empties e (leases and backlog) and, unless keep is nil,
+// replays the events of its topic's log published at or after from that
+// keep accepts.
+func (s *Server) seekReplay(ctx context.Context, e *subEntry, target time.Time, keep func(ev *kubemqclient.EventReceive, id string) bool) (int, error) {
 	end, err := s.beginSeek(ctx, e.id)
 	if err != nil {
 		return 0, err
@@ -89,6 +112,9 @@ func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, 
 		s.log.Warn("seek: the subscription's queue is still in use here; messages it buffered may be delivered after the seek",
 			zap.String("subscription", e.id))
 	}
+	if err := s.resetAcked(ctx, e); err != nil { // exactly-once (eod.go)
+		return 0, err
+	}
 	if err := s.be.purge(ctx, e.queue); err != nil {
 		return 0, err
 	}
@@ -99,12 +125,12 @@ func (s *Server) seek(ctx context.Context, e *subEntry, target time.Time) (int, 
 	if err := s.pubs.wait(ctx); err != nil {
 		return 0, err
 	}
-	if !target.Before(time.Now()) || !s.cat.attached(e) {
+	if keep == nil || !s.cat.attached(e) {
 		// Nothing published yet is at or after target; or the topic is
 		// gone (its log may belong to a newer topic of the same name).
 		return 0, nil
 	}
-	n, err := s.replay(ctx, e, target)
+	n, err := s.replay(ctx, e, target, keep)
 	if cur, ok := s.cat.sub(e.id); err == nil && (!ok || cur.uid != e.uid) {
 		// Deleted (or re-created) meanwhile: nobody will read what was
 		// replayed into this incarnation's queue.
@@ -143,14 +169,15 @@ func (s *Server) beginSeek(ctx context.Context, id string) (end func(), err erro
 // at or after from that pass its filter, up to the log's last event when
 // the replay starts. Events without the reserved tags (written natively to
 // the log) are skipped, as publishing them would not have fanned them out.
-func (s *Server) replay(ctx context.Context, e *subEntry, from time.Time) (int, error) {
+func (s *Server) replay(ctx context.Context, e *subEntry, from time.Time, keep func(ev *kubemqclient.EventReceive, id string) bool) (int, error) {
 	n := 0
 	err := s.be.readLog(ctx, topicChannel(e.topicID), from, func(evs []kubemqclient.EventReceive) error {
 		msgs := make([]kubemqclient.QueueMessage, 0, len(evs))
-		for _, ev := range evs {
+		for i := range evs {
+			ev := &evs[i]
 			id := ev.Tags[TagMessageID]
 			pt, err := time.Parse(time.RFC3339Nano, ev.Tags[TagPublishTime])
-			if id == "" || err != nil || pt.Before(from) {
+			if id == "" || err != nil || pt.Before(from) || !keep(ev, id) {
 				continue
 			}
 			if e.match != nil && !e.match(attributesOf(ev.Tags)) {

@@ -180,10 +180,9 @@ func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_St
 		if e != nil {
 			resp.SubscriptionProperties = &pubsubpb.StreamingPullResponse_SubscriptionProperties{
 				MessageOrderingEnabled: e.proto.GetEnableMessageOrdering(),
-				// Exactly-once is accepted as a flag but delivery stays
-				// at-least-once; telling the client would make it wait for
-				// confirmations this server does not send.
-				ExactlyOnceDeliveryEnabled: false,
+				// The client libraries then ack and modack by unary RPCs
+				// and read each id's outcome from the answer (eod.go).
+				ExactlyOnceDeliveryEnabled: e.proto.GetEnableExactlyOnceDelivery(),
 			}
 		}
 		if err := stream.Send(resp); err != nil {

@@ -230,3 +230,48 @@ test('schemas: a topic refuses non-conforming data; messages carry the schema at
   assert.equal(after.schemaSettings.schema, '_deleted-schema_');
   await assert.rejects(topic.publishMessage({ json: { name: 'Alaska', post_abbr: 'AK' } }), (err) => err.code === 5);
 });
+
+test('snapshots: create, list, seek back to the unacked state, delete', async () => {
+  const [topic] = await pubsub.createTopic(`node-snap-${suffix}`);
+  const [sub] = await topic.createSubscription(`node-snap-sub-${suffix}`);
+  const ids = [];
+  for (let i = 0; i < 4; i++) {
+    ids.push(await topic.publishMessage({ data: Buffer.from(`s${i}`) }));
+  }
+  const [snapshot] = await sub.createSnapshot(`node-snap-s-${suffix}`);
+  assert.ok(snapshot.name.endsWith(`/snapshots/node-snap-s-${suffix}`));
+  const [snaps] = await pubsub.getSnapshots();
+  assert.ok(snaps.some((s) => s.name === snapshot.name));
+  ids.push(await topic.publishMessage({ data: Buffer.from('after') }));
+  const first = await receive(sub, 5);
+  assert.deepEqual(new Set(first.map((m) => m.id)), new Set(ids));
+  await sub.seek(snapshot.name);
+  const again = await receive(sub, 5);
+  assert.deepEqual(new Set(again.map((m) => m.id)), new Set(ids));
+  await snapshot.delete();
+  await assert.rejects(sub.seek(snapshot.name), (err) => err.code === 5);
+});
+
+test('exactly-once: ackWithResponse succeeds, and reports INVALID for a stale ack id', async () => {
+  const [topic] = await pubsub.createTopic(`node-eod-${suffix}`);
+  const [sub] = await topic.createSubscription(`node-eod-sub-${suffix}`, { enableExactlyOnceDelivery: true });
+  await topic.publishMessage({ data: Buffer.from('one') });
+  await topic.publishMessage({ data: Buffer.from('two') });
+  const held = await new Promise((resolve, reject) => {
+    const got = [];
+    const timer = setTimeout(() => reject(new Error(`received ${got.length} of 2`)), 30000);
+    sub.on('error', reject);
+    sub.on('message', (m) => {
+      got.push(m);
+      if (got.length === 2) {
+        clearTimeout(timer);
+        resolve(got);
+      }
+    });
+  });
+  assert.equal(await held[0].ackWithResponse(), 'SUCCESS');
+  // A seek makes the other message's ack id stale.
+  await sub.seek(new Date(Date.now() + 1000));
+  await assert.rejects(held[1].ackWithResponse(), (err) => err.errorCode === 'INVALID');
+  await sub.close();
+});

@@ -113,6 +113,7 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	}
 	q.consumers[cs] = struct{}{}
 	q.hadConsumer = true
+	q.touch()
 	if m.Exclusive {
 		q.exclusiveConsumer = true
 	}
@@ -235,6 +236,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	}
 	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
 	q.vh.mu.Unlock()
+	q.touch() // x-expires counts from the last consumer's end
 	if drop {
 		ch.c.srv.dropQueueAsync(q, "auto-delete queue lost its last consumer", ch.log)
 	}
@@ -361,7 +363,13 @@ func (d *dispatcher) run() {
 				return
 			}
 		}
+		d.q.waitPeek(d.ctx)
+		gen := d.q.reap.peeks.Load()
 		ds, err := h.Fetch(d.ctx, credit)
+		if err == nil && !d.q.inOrder(gen) {
+			h.Unfetch(ds...) // the reaper had the head: fetch again, in order
+			continue
+		}
 		if err != nil {
 			if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
 				return
@@ -372,6 +380,9 @@ func (d *dispatcher) run() {
 			case <-d.ctx.Done():
 				return
 			}
+			continue
+		}
+		if ds = d.srv.liveOnly(d.q, h, ds); len(ds) == 0 {
 			continue
 		}
 		if rest := d.distribute(ds); len(rest) > 0 {
@@ -534,6 +545,7 @@ func (ch *channel) get(m *wire.BasicGet) error {
 	if err != nil {
 		return err
 	}
+	q.touch()
 	h, pc, err := ch.resolve(q)
 	if err != nil {
 		return err
@@ -553,7 +565,7 @@ func (ch *channel) getHere(q *queue, h *delivery.Handle, m *wire.BasicGet) error
 		return err
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, getWait)
-	ds, err := h.TryFetch(ctx, 1)
+	ds, err := c.srv.tryFetchLive(ctx, q, h)
 	cancel()
 	if err != nil {
 		if c.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
@@ -693,6 +705,7 @@ func (ch *channel) ack(tag uint64, multiple bool) error {
 		for _, u := range us {
 			ch.tx.settles = append(ch.tx.settles, u)
 			ch.tx.requeue = append(ch.tx.requeue, false)
+			ch.tx.reject = append(ch.tx.reject, false)
 		}
 	} else {
 		ch.settle(us, nil)
@@ -707,14 +720,16 @@ func (ch *channel) nack(tag uint64, multiple, requeue bool) error {
 		return err
 	}
 	rq := make([]bool, len(us))
+	rj := make([]bool, len(us))
 	for i := range rq {
-		rq[i] = requeue
+		rq[i], rj[i] = requeue, !requeue
 	}
 	if ch.tx != nil {
 		ch.tx.settles = append(ch.tx.settles, us...)
 		ch.tx.requeue = append(ch.tx.requeue, rq...)
+		ch.tx.reject = append(ch.tx.reject, rj...)
 	} else {
-		ch.settle(us, rq)
+		ch.settleRejects(us, rq, rj)
 	}
 	ch.kickConsumers()
 	return nil
@@ -734,12 +749,17 @@ func (ch *channel) recover(requeue bool) error {
 	return nil
 }
 
-// settle applies settlements to the lease engine: an ack (or a reject
-// without requeue: there is no dead-lettering) ends the lease, a requeue
-// puts the message back at its place in the queue (ahead of everything
-// published after it), as RabbitMQ does. A requeued delivery of a queue
-// deleted meanwhile is dropped, as in RabbitMQ.
-func (ch *channel) settle(us []*unacked, requeue []bool) {
+// settle applies settlements to the lease engine: an ack ends the lease,
+// a requeue puts the message back at its place in the queue (ahead of
+// everything published after it), as RabbitMQ does. A requeued delivery
+// of a queue deleted meanwhile is dropped, as in RabbitMQ.
+func (ch *channel) settle(us []*unacked, requeue []bool) { ch.settleRejects(us, requeue, nil) }
+
+// settleRejects is settle where reject[i] marks a reject or nack without
+// requeue: dead-lettered when the queue has a dead-letter exchange (the
+// lease is acked once the dead-lettered copies are stored), otherwise
+// dropped like an ack.
+func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 	type batch struct{ ack, back []string }
 	var one [1]struct {
 		h *delivery.Handle
@@ -761,9 +781,10 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 		}
 		return b
 	}
-	type keys struct{ ack, back []uint64 }
+	type keys struct{ ack, back, reject []uint64 }
 	var fwd map[*fwdLink]*keys
 	for i, u := range us {
+		rejected := reject != nil && reject[i]
 		if u.fwd != nil {
 			if fwd == nil {
 				fwd = map[*fwdLink]*keys{}
@@ -773,17 +794,29 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 				k = &keys{}
 				fwd[u.fwd] = k
 			}
-			if requeue != nil && requeue[i] && !u.queue.isDeleted() {
+			switch {
+			case requeue != nil && requeue[i] && !u.queue.isDeleted():
 				k.back = append(k.back, u.key)
-			} else {
+			case rejected && u.queue.hasDLX:
+				// The holder dead-letters it (it has the message).
+				k.reject = append(k.reject, u.key)
+			default:
 				k.ack = append(k.ack, u.key)
 			}
 			continue
 		}
-		b := get(u.h)
-		if requeue != nil && requeue[i] && !u.queue.isDeleted() {
+		switch {
+		case requeue != nil && requeue[i] && u.queue.overDeliveryLimit(u.d) && !u.queue.isDeleted():
+			ch.c.srv.remove(u.queue, u.h, u.d, reasonDeliveryLimit)
+			ch.c.srv.m.acked.Inc()
+		case requeue != nil && requeue[i] && !u.queue.isDeleted():
+			b := get(u.h)
 			b.back = append(b.back, u.d.LeaseID)
-		} else {
+		case rejected && u.queue.hasDLX:
+			ch.c.srv.rejectToDLX(u.queue, u.h, u.d)
+			ch.c.srv.m.acked.Inc()
+		default:
+			b := get(u.h)
 			b.ack = append(b.ack, u.d.LeaseID)
 		}
 	}
@@ -806,8 +839,9 @@ func (ch *channel) settle(us []*unacked, requeue []bool) {
 	for l, k := range fwd {
 		l.settle(peerpb.Settle_ACK, k.ack...)
 		l.settle(peerpb.Settle_REQUEUE, k.back...)
+		l.settle(peerpb.Settle_REJECT, k.reject...)
 		ch.unflushed = append(ch.unflushed, l) // sent once the channel is idle (run)
-		ch.c.srv.m.acked.Add(float64(len(k.ack)))
+		ch.c.srv.m.acked.Add(float64(len(k.ack) + len(k.reject)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()
 		idle := l.cancelled && l.held == 0

@@ -333,6 +333,7 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 			owner.own(q)
 		}
 		vh.declMu.Unlock()
+		ch.c.srv.startReaper(q)
 		ch.lastQueue = name
 		if m.Queue == "" {
 			// A fresh server-named queue: nothing can be in it yet.
@@ -360,6 +361,7 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 	if err := assertArgsEquivalent(q.args, m.Arguments, rs, queueArgKeys); err != nil {
 		return err
 	}
+	q.touch() // a redeclare is a use (x-expires)
 	ch.lastQueue = name
 	return ch.declareOk(q, m.NoWait)
 }

@@ -153,7 +153,7 @@ type fwdLink struct {
 
 	smu      sync.Mutex  // serialises Send
 	pmu      sync.Mutex  // guards pend
-	pend     [2][]uint64 // settlements not sent yet, by Settle_Op (ACK, REQUEUE)
+	pend     [3][]uint64 // settlements not sent yet, by Settle_Op (ACK, REQUEUE, REJECT)
 	once     sync.Once
 	finished chan struct{} // closed once the stream has ended (its reader saw the end)
 
@@ -262,7 +262,7 @@ func (l *fwdLink) flush() {
 func (l *fwdLink) flushLocked() error {
 	l.pmu.Lock()
 	pend := l.pend
-	l.pend = [2][]uint64{}
+	l.pend = [len(l.pend)][]uint64{}
 	l.pmu.Unlock()
 	for op, keys := range pend {
 		if len(keys) == 0 {

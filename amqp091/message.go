@@ -29,7 +29,9 @@ import (
 //     expiration, message-id, timestamp (Unix seconds), type, user-id,
 //     app-id, cluster-id. Headers whose values are strings, numbers or
 //     booleans are mirrored as tags of the same name (for native
-//     consumers), unless the name is one of the above.
+//     consumers), unless the name is one of the above. A copy that
+//     expires also carries x-amqp-expires-at, its expiry in Unix
+//     milliseconds (deadletter.go); it never reaches AMQP consumers.
 //
 // A message without that metadata object was written by a native KubeMQ
 // client. It reaches AMQP consumers with exchange "" and the queue's name
@@ -73,7 +75,7 @@ const (
 // reservedTag reports whether a header name may not be mirrored as a tag.
 func reservedTag(name string) bool {
 	switch name {
-	case TagExchange, TagRoutingKey, tagDeliveryMode, tagPriority, tagTimestamp:
+	case TagExchange, TagRoutingKey, tagDeliveryMode, tagPriority, tagTimestamp, tagExpiresAt:
 		return true
 	}
 	for _, p := range propertyTags {

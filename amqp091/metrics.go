@@ -13,6 +13,10 @@ type metrics struct {
 	published, unroutable, routed, delivered, acked, requeued, storeFailures prometheus.Counter
 	confirms                                                                 *prometheus.CounterVec
 	errors                                                                   *prometheus.CounterVec
+	// deadLettered counts messages dead-lettered and dropped by reason
+	// (rejected, expired, maxlen; dropped: expired or over the length
+	// limit without a dead-letter exchange).
+	deadLettered, dropped *prometheus.CounterVec
 
 	queueMsgsIn, queueBytesIn, queueMsgsOut, queueBytesOut *prometheus.CounterVec
 
@@ -61,6 +65,8 @@ func newMetrics(reg prometheus.Registerer, maxQueues int) *metrics {
 		confirms:      cv("confirms_total", "Publisher confirms sent, by kind (ack, nack).", "kind"),
 		errors: cv("errors_total", "Connections (scope=connection) and channels (scope=channel) the server closed, by reply code.",
 			"code", "scope"),
+		deadLettered:  cv("dead_lettered_total", "Messages dead-lettered, by reason (rejected, expired, maxlen).", "reason"),
+		dropped:       cv("dropped_total", "Messages dropped by expiry or a length limit without a dead-letter exchange, by reason (expired, maxlen).", "reason"),
 		queueMsgsIn:   cv("queue_messages_in_total", "Message copies KubeMQ stored in a queue."+perQueue, "vhost", "queue"),
 		queueBytesIn:  cv("queue_bytes_in_total", "Body bytes of the message copies KubeMQ stored in a queue."+perQueue, "vhost", "queue"),
 		queueMsgsOut:  cv("queue_messages_out_total", "Messages delivered from a queue (basic.deliver, basic.get-ok)."+perQueue, "vhost", "queue"),
@@ -71,7 +77,7 @@ func newMetrics(reg prometheus.Registerer, maxQueues int) *metrics {
 	m.other = m.statsFor(queueLabel{otherQueue, otherQueue})
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.blocked, m.published, m.unroutable,
-			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms, m.errors,
+			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms, m.errors, m.deadLettered, m.dropped,
 			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut} {
 			// A second Server on the same registry (tests) keeps counting
 			// in its own series; registration errors are not fatal.

@@ -425,21 +425,37 @@ func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
 
 func (l *peerLink) settle(st *peerpb.Settle) {
 	ids := make([]string, 0, len(st.Keys))
+	ds := make([]*delivery.Delivery, 0, len(st.Keys))
 	l.mu.Lock()
 	for _, k := range st.Keys {
 		if d := l.out[k]; d != nil {
 			delete(l.out, k)
 			ids = append(ids, d.LeaseID)
+			ds = append(ds, d)
 		}
 	}
 	l.mu.Unlock()
 	if len(ids) == 0 {
 		return
 	}
-	if st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted() {
-		l.h.Requeue(ids...)
-		l.s.m.requeued.Add(float64(len(ids)))
-	} else {
+	switch {
+	case st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted():
+		back := ids[:0]
+		for i, d := range ds {
+			if l.q.overDeliveryLimit(d) {
+				l.s.remove(l.q, l.h, d, reasonDeliveryLimit)
+				continue
+			}
+			back = append(back, ids[i])
+		}
+		l.h.Requeue(back...)
+		l.s.m.requeued.Add(float64(len(back)))
+	case st.Op == peerpb.Settle_REJECT && l.q.hasDLX:
+		for _, d := range ds {
+			l.s.rejectToDLX(l.q, l.h, d)
+		}
+		l.s.m.acked.Add(float64(len(ds)))
+	default:
 		l.h.Ack(ids...)
 		l.s.m.acked.Add(float64(len(ids)))
 	}
@@ -451,7 +467,7 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 // get answers one forwarded basic.get as a local one would.
 func (l *peerLink) get() error {
 	ctx, cancel := context.WithTimeout(l.ctx, getWait)
-	ds, err := l.h.TryFetch(ctx, 1)
+	ds, err := l.s.tryFetchLive(ctx, l.q, l.h)
 	cancel()
 	if err != nil && !(l.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) {
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)

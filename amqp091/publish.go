@@ -38,7 +38,8 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		return wire.PreconditionFailed("user_id property set to '%s' but authenticated user was '%s'", props.UserID, c.user)
 	}
 	var ttl time.Duration
-	if props.Flags&wire.FlagExpiration != 0 {
+	hasTTL := props.Flags&wire.FlagExpiration != 0
+	if hasTTL {
 		ms, reason := parseExpiration(props.Expiration)
 		if reason != "" {
 			return wire.PreconditionFailed("invalid expiration '%s': %s", props.Expiration, reason)
@@ -75,20 +76,40 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		return wire.PreconditionFailed("cannot store message: %v", err)
 	}
 	msgs := make([]pubCopy, 0, len(routes))
+	now := time.Now()
+	var limited []*queue // queues with a length limit this publish reaches (limits.go)
+	rejected := false    // a reject-publish queue refused its copy
+	var reap []*queue    // queues whose reaper looks at the head once the copy is stored
 	for _, name := range routes {
 		q := c.vh.lookupQueue(name)
 		if q == nil {
 			continue // deleted while routing
 		}
 		q.markUsed()
-		// KubeMQ expires whole seconds (rounded up): a backstop for the
-		// message's and the queue's TTL, not RabbitMQ's exact expiry.
-		exp := ttl
-		if q.ttl > 0 && (exp == 0 || q.ttl < exp) {
-			exp = q.ttl
+		if hasTTL && !q.reap.msgTTL.Load() {
+			q.reap.msgTTL.Store(true)
 		}
-		msgs = append(msgs, pubCopy{msg: kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: cmd.body, Tags: tags,
-			Policy: kubemqclient.QueuePolicy{Expiration: exp}}, stats: q.counters(), log: ch.log})
+		if hasTTL || q.hasTTL {
+			reap = append(reap, q)
+		}
+		if q.limitsLength() && ch.tx == nil {
+			if q.overflow != "drop-head" {
+				full, err := ch.wouldOverflow(q, len(cmd.body))
+				if err != nil {
+					return err
+				}
+				if full {
+					rejected = true
+					if q.overflow == "reject-publish-dlx" {
+						c.srv.deadLetterRefused(q, m.Exchange, m.RoutingKey, props, cmd.body)
+					}
+					continue
+				}
+			} else {
+				limited = append(limited, q)
+			}
+		}
+		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), log: ch.log})
 	}
 	if ch.tx != nil {
 		// Pending only until buffered here: a transaction larger than the
@@ -97,9 +118,9 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		ch.tx.msgs = append(ch.tx.msgs, msgs...)
 		return nil
 	}
-	if len(msgs) == 0 { // every routed queue was deleted meanwhile
+	if len(msgs) == 0 { // every routed queue was deleted meanwhile, or refused it
 		if ch.confirm {
-			ch.confirms.complete(ch.confirms.next(), true)
+			ch.confirms.complete(ch.confirms.next(), !rejected)
 		}
 		return nil
 	}
@@ -109,11 +130,20 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 	}
 	n, confirm, t := held, ch.confirm, &ch.confirms
 	held = 0
-	ch.inflight.Add(1)
+	// A drop-head queue's trim counts as part of the publish for the
+	// channel's later methods (a get sees the queue trimmed).
+	ch.inflight.Add(1 + int64(len(limited)))
+	srv := c.srv
 	done := newPubDone(len(msgs), func(ok bool) {
+		for _, q := range reap {
+			srv.startReaper(q) // or wakes it: the head may be new
+		}
+		for _, q := range limited {
+			srv.requestTrim(q, ch.publishDone)
+		}
 		c.unpend(n)
 		if confirm {
-			t.complete(seq, ok)
+			t.complete(seq, ok && !rejected)
 		}
 		ch.publishDone()
 	})
@@ -468,6 +498,7 @@ type txState struct {
 	msgs    []pubCopy
 	settles []*unacked // acked (requeue=false) or nacked inside the transaction
 	requeue []bool
+	reject  []bool // a reject or nack without requeue (dead-lettered)
 }
 
 func (ch *channel) txSelect() error {
@@ -504,7 +535,7 @@ func (ch *channel) txCommit() error {
 			return errShutdown()
 		}
 	}
-	ch.settle(tx.settles, tx.requeue)
+	ch.settleRejects(tx.settles, tx.requeue, tx.reject)
 	ch.send(&wire.TxCommitOk{})
 	return nil
 }

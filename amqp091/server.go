@@ -237,10 +237,11 @@ func New(opts Options) (*Server, error) {
 		s.deliveries, s.ownDeliveries = m, true
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	// Before the topology: restored queues' reapers may dead-letter at once.
+	s.pub = newPublisher(s.b, opts.PublishBatch, func() { s.m.storeFailures.Inc() })
 	s.top = newTopology(s, opts.Registry, s.log)
 	s.unwatch = s.top.watch()
 	s.top.load()
-	s.pub = newPublisher(s.b, opts.PublishBatch, func() { s.m.storeFailures.Inc() })
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -196,12 +196,17 @@ func (t *topology) apply(rec registry.Record) {
 			v.removeQueue(q, "deleted by another replica")
 		}
 		v.mu.Lock()
+		var added *queue
 		if _, ok := v.queues[r.Name]; !ok {
-			v.queues[r.Name] = newQueue(v, r.Name, true, false, r.AutoDelete, decodeArgs(r.Args), nil, r.Incarnation)
+			added = newQueue(v, r.Name, true, false, r.AutoDelete, decodeArgs(r.Args), nil, r.Incarnation)
+			v.queues[r.Name] = added
 		}
 		v.noteIncarnationLocked(r.Name, r.Incarnation)
 		v.mu.Unlock()
 		v.routes.PutQueue(r.Name)
+		if added != nil && v.top.srv != nil {
+			v.top.srv.startReaper(added)
+		}
 	case kindIncarnation:
 		var r incarnationRecord
 		if rec.Deleted || json.Unmarshal(rec.Value, &r) != nil {
@@ -293,6 +298,21 @@ type queue struct {
 	args       wire.Table
 	owner      *conn         // exclusive owner, nil for shared queues
 	ttl        time.Duration // x-message-ttl, 0 = none
+	hasTTL     bool          // x-message-ttl present (0 is a TTL: expire unless delivered at once)
+	// Dead-lettering (deadletter.go): x-dead-letter-exchange, and
+	// x-dead-letter-routing-key when hasDLRK.
+	dlx      string
+	hasDLX   bool
+	dlrk     string
+	hasDLRK  bool
+	maxLen   int64         // x-max-length; -1 = none
+	maxBytes int64         // x-max-length-bytes; -1 = none
+	overflow string        // x-overflow: drop-head (default), reject-publish, reject-publish-dlx
+	expires  time.Duration // x-expires; 0 = none
+	// deliveryLimit is a quorum queue's x-delivery-limit (-1 = none): a
+	// message returned more often is dead-lettered (delivery_limit).
+	deliveryLimit int64
+	reap          reaper // expiry at the head and x-expires (expiry.go)
 	// incarnation numbers the queues that had this name (queueChannel).
 	incarnation uint64
 
@@ -315,9 +335,34 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 	q := &queue{vh: v, name: name, channel: queueChannel(v.key, name, incarnation), durable: durable,
 		exclusive: exclusive, autoDelete: autoDelete, args: args, owner: owner, incarnation: incarnation,
 		consumers: map[*consumer]struct{}{}}
-	if ms, ok := intArg(args["x-message-ttl"]); ok && ms > 0 {
-		q.ttl = time.Duration(ms) * time.Millisecond
+	if ms, ok := intArg(args["x-message-ttl"]); ok && ms >= 0 {
+		q.ttl, q.hasTTL = time.Duration(ms)*time.Millisecond, true
 	}
+	if x, ok := args["x-dead-letter-exchange"].(string); ok {
+		q.dlx, q.hasDLX = x, true
+	}
+	if k, ok := args["x-dead-letter-routing-key"].(string); ok && q.hasDLX {
+		q.dlrk, q.hasDLRK = k, true
+	}
+	q.maxLen, q.maxBytes = -1, -1
+	if n, ok := intArg(args["x-max-length"]); ok && n >= 0 {
+		q.maxLen = n
+	}
+	if n, ok := intArg(args["x-max-length-bytes"]); ok && n >= 0 {
+		q.maxBytes = n
+	}
+	q.overflow = "drop-head"
+	if o, ok := args["x-overflow"].(string); ok {
+		q.overflow = o
+	}
+	if ms, ok := intArg(args["x-expires"]); ok && ms > 0 {
+		q.expires = time.Duration(ms) * time.Millisecond
+	}
+	q.deliveryLimit = -1
+	if n, ok := intArg(args["x-delivery-limit"]); ok && n >= 0 && isString(args["x-queue-type"], "quorum") {
+		q.deliveryLimit = n
+	}
+	q.reap.lastUse.Store(time.Now().UnixNano())
 	q.singleActive = args["x-single-active-consumer"] == true
 	return q
 }

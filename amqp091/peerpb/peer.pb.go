@@ -28,8 +28,9 @@ const (
 type Settle_Op int32
 
 const (
-	Settle_ACK     Settle_Op = 0 // basic.ack, or basic.reject/nack without requeue
+	Settle_ACK     Settle_Op = 0 // basic.ack (or, from a replica before REJECT, a reject/nack without requeue)
 	Settle_REQUEUE Settle_Op = 1 // back at its place in the queue, redelivered
+	Settle_REJECT  Settle_Op = 2 // basic.reject/nack without requeue: dead-lettered when the queue says so, then acked
 )
 
 // Enum value maps for Settle_Op.
@@ -37,10 +38,12 @@ var (
 	Settle_Op_name = map[int32]string{
 		0: "ACK",
 		1: "REQUEUE",
+		2: "REJECT",
 	}
 	Settle_Op_value = map[string]int32{
 		"ACK":     0,
 		"REQUEUE": 1,
+		"REJECT":  2,
 	}
 )
 
@@ -1232,13 +1235,15 @@ const file_peer_proto_rawDesc = "" +
 	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
 	"\x05batch\x18\b \x01(\bR\x05batch\"\x1a\n" +
 	"\x06Credit\x12\x10\n" +
-	"\x03add\x18\x01 \x01(\rR\x03add\"m\n" +
+	"\x03add\x18\x01 \x01(\rR\x03add\"y\n" +
 	"\x06Settle\x123\n" +
 	"\x02op\x18\x01 \x01(\x0e2#.kubemqproxy.amqp.peer.v1.Settle.OpR\x02op\x12\x12\n" +
-	"\x04keys\x18\x02 \x03(\x04R\x04keys\"\x1a\n" +
+	"\x04keys\x18\x02 \x03(\x04R\x04keys\"&\n" +
 	"\x02Op\x12\a\n" +
 	"\x03ACK\x10\x00\x12\v\n" +
-	"\aREQUEUE\x10\x01\"\x05\n" +
+	"\aREQUEUE\x10\x01\x12\n" +
+	"\n" +
+	"\x06REJECT\x10\x02\"\x05\n" +
 	"\x03Get\"\b\n" +
 	"\x06Cancel\"\xe4\x02\n" +
 	"\fLinkResponse\x12:\n" +

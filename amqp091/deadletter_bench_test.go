@@ -1,0 +1,116 @@
+package amqp091
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Benchmarks of issue 17, proxy next to RabbitMQ in the same run (see
+// bench_test.go):
+//
+//	go test -run '^$' -bench 'DLXRetry|DropHead' -benchtime 2000x ./amqp091/
+
+// benchQueueArgs declares a queue with arguments, deleted afterwards.
+func benchQueueArgs(b *testing.B, ch *amqp.Channel, name string, args amqp.Table) {
+	b.Helper()
+	if _, err := ch.QueueDeclare(name, benchDurable, false, false, false, args); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ch.QueueDelete(name, false, false, false) })
+}
+
+// BenchmarkDLXRetryLoop: every message is rejected once by the work
+// queue's consumer, waits 20 ms in a TTL queue, comes back through the
+// dead-letter exchange and is acked then. msg/s = messages through the
+// whole loop (two deliveries and two dead-letterings each).
+func BenchmarkDLXRetryLoop(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			c, ch := benchDial(b, tg.url)
+			work, wait := "bench-work-"+randHex(3), "bench-wait-"+randHex(3)
+			benchQueueArgs(b, ch, work, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": wait})
+			benchQueueArgs(b, ch, wait, amqp.Table{"x-message-ttl": int32(20), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": work})
+			cch, err := c.Channel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cch.Qos(100, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			msgs, err := cch.Consume(work, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			fill(b, ch, work, b.N)
+			for done := 0; done < b.N; {
+				select {
+				case m := <-msgs:
+					if _, retried := m.Headers["x-death"]; retried {
+						m.Ack(false)
+						done++
+					} else {
+						m.Reject(false)
+					}
+				case <-time.After(time.Minute):
+					b.Fatalf("%d of %d messages through the loop", done, b.N)
+				}
+			}
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
+		})
+	}
+}
+
+// BenchmarkDropHead: publish with confirms (window 1000) into a queue
+// with x-max-length 100 and drop-head, until every publish is confirmed
+// and the queue holds the newest 100.
+func BenchmarkDropHead(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			_, ch := benchDial(b, tg.url)
+			q := "bench-drophead-" + randHex(3)
+			benchQueueArgs(b, ch, q, amqp.Table{"x-max-length": int32(100)})
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
+			body := make([]byte, benchBody)
+			b.ResetTimer()
+			start := time.Now()
+			out, confirmed := 0, 0
+			wait := func() {
+				c := mustRecv(b, confirms, "confirm")
+				if !c.Ack {
+					b.Fatal("nack")
+				}
+				out--
+				confirmed++
+			}
+			for range b.N {
+				for out >= 1000 {
+					wait()
+				}
+				if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
+					b.Fatal(err)
+				}
+				out++
+			}
+			for confirmed < b.N {
+				wait()
+			}
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
+			st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if want := min(b.N, 100); st.Messages != want {
+				b.Fatalf("queue holds %d, want %d", st.Messages, want)
+			}
+		})
+	}
+}

@@ -9,6 +9,16 @@
 // Resource ids are global: the project segment of a name is validated, then
 // ignored, and names are rendered back in the caller's project.
 //
+// # Where things are
+//
+// Admin RPCs: topics.go (Publisher's topic RPCs), subscriptions.go
+// (Subscriber's subscription RPCs), snapshot.go, seek.go, iam.go,
+// schemaservice.go. The data path: publish.go (Publish), pull.go and
+// streaming.go (Pull, StreamingPull), push.go. A subscription's runtime
+// (lease.go) holds its leases; ackid.go mints ack ids, keywindow.go keeps
+// ordering keys' windows, failures.go turns nacks and expiries into
+// retries, backoff and dead-lettering, sweep.go expires deadlines.
+//
 // # Flow control
 //
 // A StreamingPull stream may hold the client's max_outstanding_messages

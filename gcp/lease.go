@@ -5,42 +5,15 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
-	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
-	"github.com/kubemq-io/kubemq-proxy/gcp/names"
 )
-
-// Ack ids are "<engine lease id>.<generation>". The engine mints a lease
-// per delivery copy; the generation counts this package's own re-deliveries
-// of the same lease (ordered keys redeliver in place), so an ack or modack
-// that names an earlier generation, a settled lease or a lease of a dead
-// process matches nothing and is a no-op (so a nack followed by a late
-// receipt modack cannot re-lease the message).
-func ackID(leaseID string, gen uint32) string {
-	return leaseID + "." + strconv.FormatUint(uint64(gen), 10)
-}
-
-func parseAckID(id string) (leaseID string, gen uint32, ok bool) {
-	i := strings.LastIndexByte(id, '.')
-	if i <= 0 {
-		return "", 0, false
-	}
-	g, err := strconv.ParseUint(id[i+1:], 10, 32)
-	if err != nil {
-		return "", 0, false
-	}
-	return id[:i], uint32(g), true
-}
 
 type leaseState uint8
 
@@ -68,56 +41,9 @@ type lease struct {
 	hidx     int // index in subRuntime.heap; -1 when not in it
 }
 
-// keyState is one ordering key's place in a subscription (Google's
-// semantics: a key's messages go out in order, several at a time; when one
-// fails, it and every later one that went out are delivered again, in
-// order, including those already acked).
-//
-// window holds the key's messages from its earliest unsettled one on, in
-// publish order: out, acked (held: settled only once every earlier one is,
-// so that a failure before them can still redeliver them), ready to go out
-// or waiting out a backoff. Once one is ready or in backoff, none after it
-// is out or acked. pending holds later messages, fetched but not yet
-// admitted, in publish order. All the key's out messages are on one stream
-// (owner): a client processes a key in order only within a stream.
-// Owned by subRuntime.mu.
-type keyState struct {
-	window  []*lease
-	pending []*lease
-	owner   *flow // the stream holding the key's out messages
-	out     int   // window entries out
-}
-
 // maxKeyWindow bounds a key's window: the redeliveries one failure can
 // cause.
 const maxKeyWindow = 1000
-
-// admits reports whether the window takes the key's next message: it is
-// not full, and its last entry is not waiting out a backoff (what follows
-// it waits in pending).
-func (ks *keyState) admits() bool {
-	n := len(ks.window)
-	return n == 0 || (n < maxKeyWindow && ks.window[n-1].state != leaseBackoff)
-}
-
-// queued reports whether some window entry waits to go out (again): a
-// fresh message of the key goes behind it.
-func (ks *keyState) queued() bool {
-	n := len(ks.window)
-	return n > 0 && (ks.window[n-1].state == leaseReady || ks.window[n-1].state == leaseBackoff)
-}
-
-// takes reports whether stream f may be handed the key's messages now.
-func (ks *keyState) takes(f *flow) bool { return ks.out == 0 || ks.owner == f }
-
-func (ks *keyState) index(l *lease) int {
-	for i, w := range ks.window {
-		if w == l {
-			return i
-		}
-	}
-	return -1
-}
 
 var (
 	errSubGone       = errors.New("subscription deleted or detached")
@@ -505,73 +431,6 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 	r.notifyLocked()
 }
 
-// advanceKeyLocked admits the key's pending messages to its window as
-// ready (handed out by the next fetches, in order), unless the key is held
-// for recovery, and forgets an idle key. It reports whether it admitted any.
-func (r *subRuntime) advanceKeyLocked(key string, ks *keyState, now time.Time) bool {
-	if len(ks.window) == 0 && len(ks.pending) == 0 {
-		delete(r.keys, key)
-		return false
-	}
-	if len(ks.pending) == 0 || !ks.admits() || r.keyHeldLocked(key, now) {
-		return false
-	}
-	for len(ks.pending) > 0 && ks.admits() {
-		next := ks.pending[0]
-		ks.pending[0] = nil
-		ks.pending = ks.pending[1:]
-		next.state = leaseReady
-		ks.window = append(ks.window, next)
-		r.ready = append(r.ready, next)
-	}
-	return true
-}
-
-// rewindKeyLocked takes every message of l's key after l out of its window
-// (out, acked or waiting to go out) and back to the front of pending: they
-// go out again after l, in order, under new ack ids (Google redelivers a
-// key's later messages after a failed one, acked or not).
-func (r *subRuntime) rewindKeyLocked(ks *keyState, l *lease) {
-	i := ks.index(l)
-	if i < 0 || i == len(ks.window)-1 {
-		return
-	}
-	rest := ks.window[i+1:]
-	back := make([]*lease, 0, len(rest)+len(ks.pending))
-	readied := false
-	for _, w := range rest {
-		switch w.state {
-		case leaseOut:
-			r.leaveOutLocked(w)
-			r.unheapLocked(w)
-			w.flow.release(w, false)
-			w.flow = nil
-			w.attempt++ // delivery_attempt counts deliveries (Google)
-		case leaseAcked:
-			w.attempt++
-		case leaseBackoff:
-			r.unheapLocked(w)
-		case leaseReady:
-			readied = true
-		}
-		w.gen++ // its outstanding ack id is stale
-		w.state = leasePending
-		w.order = orderOf(w.d.Tags)
-		back = append(back, w)
-	}
-	if readied { // r.ready holds no other pending lease
-		r.ready = slices.DeleteFunc(r.ready, func(x *lease) bool { return x.state == leasePending })
-	}
-	clear(rest)
-	ks.window = ks.window[:i+1]
-	// Usually all of them precede pending; a message that came back late
-	// from a lease record may not (recovery), and pending stays sorted.
-	ks.pending = append(back, ks.pending...)
-	if len(back) < len(ks.pending) {
-		slices.SortStableFunc(ks.pending, func(a, b *lease) int { return a.order.compare(b.order) })
-	}
-}
-
 // ack settles ack ids; unknown and stale ones are ignored (plain
 // subscriptions, as Google: acking an expired id "may succeed"). An
 // ordered message acked while an earlier one of its key is unsettled is
@@ -626,19 +485,6 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []stri
 	return missed, acked
 }
 
-// settleAckedHeadLocked forgets the acked messages at the head of a key's
-// window (nothing unsettled is before them any more) and returns their
-// engine lease ids, to be acked.
-func (r *subRuntime) settleAckedHeadLocked(ks *keyState) []string {
-	var ids []string
-	for len(ks.window) > 0 && ks.window[0].state == leaseAcked {
-		a := ks.window[0]
-		r.forgetLocked(a, true)
-		ids = append(ids, a.d.LeaseID)
-	}
-	return ids
-}
-
 // modack extends deadlines (seconds > 0) or nacks (0).
 func (r *subRuntime) modack(ids []string, seconds int32) { r.modackLeases(ids, seconds, false) }
 
@@ -686,171 +532,6 @@ func (r *subRuntime) modackLeases(ids []string, seconds int32, strict bool) (mis
 	return missed
 }
 
-// backoff is the retry policy's delay after a failed attempt: exponential
-// from minimum_backoff, clamped to maximum_backoff; 0 without a policy
-// (redeliver at once).
-func backoff(e *subEntry, attempt int) time.Duration {
-	b, ok, err := limits.RetryPolicy(e.proto.GetRetryPolicy())
-	if !ok || err != nil {
-		return 0
-	}
-	d := b.Min
-	for i := 1; i < attempt && d < b.Max; i++ {
-		d *= 2
-		if d <= 0 {
-			d = b.Max
-		}
-	}
-	return min(d, b.Max)
-}
-
-// failure names one hand-out of a lease (its generation) whose attempt
-// failed.
-type failure struct {
-	l   *lease
-	gen uint32
-}
-
-// fail handles hand-outs whose attempt failed (nack or expiry): dead-letter
-// after the last attempt, otherwise redeliver after the retry backoff.
-// Each is re-checked under the lock, since an ack, a modack or a newer
-// hand-out of the same lease (after its key was rewound) may have raced
-// in. An ordered key's failures are taken in its order: the earliest
-// rewinds the later ones, which then go out again rather than fail.
-func (r *subRuntime) fail(fs []failure, expired bool) {
-	if len(fs) == 0 {
-		return
-	}
-	e := r.entry()
-	if e == nil {
-		return // gone: its queue is purged, nothing to redeliver
-	}
-	var dead []*lease
-	type nack struct {
-		id    string
-		delay time.Duration
-	}
-	var nacks []nack
-	var holds []nack     // ordered messages waiting out a backoff in place
-	var settled []string // acked messages that waited only for a dead-lettered one
-	now := time.Now()
-	r.mu.Lock()
-	r.sortFailuresLocked(fs)
-	for _, fl := range fs {
-		l := fl.l
-		if r.leases[l.d.LeaseID] != l || l.state != leaseOut || l.gen != fl.gen || (expired && l.deadline.After(now)) {
-			continue
-		}
-		var ks *keyState
-		if l.key != "" {
-			ks = r.keys[l.key]
-		}
-		r.leaveOutLocked(l)
-		if max := maxAttempts(e); max > 0 && l.attempt >= max {
-			// Taken out of circulation, and out of its key's window: the
-			// key's later messages go on as they are, since it will not
-			// come again. Forgotten once the dead-letter copy is stored.
-			r.unheapLocked(l)
-			l.state = leaseDeadLetter
-			l.flow.release(l, !expired)
-			l.flow = nil
-			if ks != nil {
-				if i := ks.index(l); i >= 0 {
-					ks.window = slices.Delete(ks.window, i, i+1)
-				}
-				settled = append(settled, r.settleAckedHeadLocked(ks)...)
-				r.advanceKeyLocked(l.key, ks, now)
-				r.notifyLocked()
-			}
-			dead = append(dead, l)
-			continue
-		}
-		delay := backoff(e, l.attempt)
-		if ks != nil {
-			// Ordered: redeliver in place; its key's later messages that
-			// went out go out again after it.
-			r.rewindKeyLocked(ks, l)
-			l.flow.release(l, !expired)
-			l.flow = nil
-			l.attempt++
-			l.gen++ // the failed hand-out's ack id is now stale
-			if delay <= 0 {
-				r.unheapLocked(l)
-				l.state = leaseReady
-				r.ready = append([]*lease{l}, r.ready...)
-				r.advanceKeyLocked(l.key, ks, now)
-				r.notifyLocked()
-			} else {
-				l.state = leaseBackoff
-				r.setDeadlineLocked(l, now.Add(delay))
-				holds = append(holds, nack{l.d.LeaseID, delay})
-			}
-			continue
-		}
-		r.forgetLocked(l, !expired)
-		nacks = append(nacks, nack{l.d.LeaseID, delay})
-	}
-	r.mu.Unlock()
-	if len(settled) > 0 {
-		r.h.Ack(settled...)
-	}
-	for _, n := range nacks {
-		r.h.Nack(n.id, n.delay)
-	}
-	for _, h := range holds {
-		r.h.Hold(now.Add(h.delay), h.id)
-	}
-	if len(dead) > 0 {
-		r.wg.Add(1)
-		go func() {
-			defer r.wg.Done()
-			r.deadLetter(e, dead, 0)
-		}()
-	}
-}
-
-// sortFailuresLocked puts the failures of each ordering key in the order
-// of its window (publish order): dead-lettered messages of a key reach the
-// dead-letter topic in order, and when the earliest failure is redelivered
-// the later ones of its key are rewound behind it rather than failed.
-func (r *subRuntime) sortFailuresLocked(fs []failure) {
-	if len(fs) < 2 || !r.ordered {
-		return
-	}
-	// Window positions, one pass per key (a whole window may expire at once).
-	pos := map[*lease]int{}
-	for _, f := range fs {
-		if ks := r.keys[f.l.key]; ks != nil && f.l.key != "" && len(ks.window) > 0 {
-			if _, done := pos[ks.window[0]]; !done {
-				for i, w := range ks.window {
-					pos[w] = i
-				}
-			}
-		}
-	}
-	at := func(l *lease) int {
-		if i, ok := pos[l]; ok {
-			return i
-		}
-		return -1
-	}
-	slices.SortStableFunc(fs, func(a, b failure) int {
-		if c := strings.Compare(a.l.key, b.l.key); c != 0 {
-			return c
-		}
-		return at(a.l) - at(b.l)
-	})
-}
-
-// maxAttempts is the dead-letter policy's limit, 0 without a policy.
-func maxAttempts(e *subEntry) int {
-	n, ok, err := limits.DeadLetterAttempts(e.proto.GetDeadLetterPolicy())
-	if !ok || err != nil {
-		return 0
-	}
-	return int(n)
-}
-
 // Attributes Google stamps on dead-lettered copies.
 const (
 	attrDLSourceSubscription        = "CloudPubSubDeadLetterSourceSubscription"
@@ -858,171 +539,6 @@ const (
 	attrDLSourceDeliveryCount       = "CloudPubSubDeadLetterSourceDeliveryCount"
 	attrDLSourceTopicPublishTime    = "CloudPubSubDeadLetterSourceTopicPublishTime"
 )
-
-// deadLetter republishes each message to the dead-letter topic through the
-// normal publish path, then acks the original. When that is impossible
-// (topic gone, backend down) the message is never dropped:
-//   - on an ordered subscription it stays out of circulation and
-//     dead-lettering is tried again after a backoff (tries counts the
-//     failures so far), as its key's later messages have gone on without
-//     it: delivering it again would put it behind them. Its lease record
-//     keeps it durable meanwhile. Should the subscription lose its
-//     dead-letter policy, it is delivered again;
-//   - otherwise it is delivered again, and dead-lettered when that fails.
-func (r *subRuntime) deadLetter(e *subEntry, ls []*lease, tries int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sn, _ := names.ParseSubscription(e.proto.GetName())
-	var err error
-	var t *topicEntry
-	if tn, perr := names.ParseTopic(e.proto.GetDeadLetterPolicy().GetDeadLetterTopic()); perr != nil {
-		err = perr
-	} else if te, ok := r.s.cat.topic(tn.ID); !ok {
-		err = notFound(tn.ID)
-	} else {
-		t = te
-	}
-	if err == nil {
-		msgs := make([]*pubsubpb.PubsubMessage, len(ls))
-		for i, l := range ls {
-			m := decodeMessage(l.d.Body, l.d.Tags, l.d.MessageID, l.d.StoredAt, time.Now())
-			attrs := make(map[string]string, len(m.Attributes)+4)
-			for k, v := range m.Attributes {
-				attrs[k] = v
-			}
-			attrs[attrDLSourceSubscription] = sn.String()
-			attrs[attrDLSourceSubscriptionProject] = sn.Project
-			attrs[attrDLSourceDeliveryCount] = strconv.Itoa(l.attempt)
-			if m.PublishTime != nil {
-				attrs[attrDLSourceTopicPublishTime] = m.PublishTime.AsTime().UTC().Format(time.RFC3339Nano)
-			}
-			msgs[i] = &pubsubpb.PubsubMessage{Data: m.Data, Attributes: attrs, OrderingKey: m.OrderingKey}
-		}
-		_, err = r.s.publish(ctx, t, msgs)
-	}
-	if err != nil {
-		r.dlFailed.Add(float64(len(ls)))
-	}
-	r.mu.Lock()
-	if err != nil && r.ordered && !r.closed && e.proto.GetDeadLetterPolicy() != nil {
-		var keep []*lease // those a reset (backend outage) has not dropped
-		for _, l := range ls {
-			if r.leases[l.d.LeaseID] == l {
-				keep = append(keep, l)
-			}
-		}
-		r.mu.Unlock()
-		if len(keep) > 0 {
-			r.deadLetterLater(keep, tries, err)
-		}
-		return
-	}
-	ids := make([]string, 0, len(ls))
-	for _, l := range ls {
-		ids = append(ids, l.d.LeaseID)
-		if r.leases[l.d.LeaseID] == l {
-			r.forgetLocked(l, false)
-		}
-	}
-	r.mu.Unlock()
-	if err != nil {
-		r.s.log.Warn("dead-lettering failed; the messages are redelivered", zap.String("subscription", r.id), zap.Error(err))
-		for _, id := range ids {
-			r.h.Nack(id, 0)
-		}
-		return
-	}
-	r.deadLettered.Add(float64(len(ls)))
-	r.h.Ack(ids...)
-}
-
-// deadLetterLater tries dead-lettering ls again after a backoff that
-// grows with tries (1 s doubling to 1 min), unless the runtime closes
-// first (its leases were then released or settled). Called from a
-// deadLetter call, whose own count holds r.wg open for the Add.
-func (r *subRuntime) deadLetterLater(ls []*lease, tries int, cause error) {
-	delay := min(time.Second<<min(tries, 6), time.Minute)
-	r.s.log.Warn("dead-lettering failed; tried again later", zap.String("subscription", r.id),
-		zap.Int("messages", len(ls)), zap.Duration("in", delay), zap.Error(cause))
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-r.done:
-			return
-		case <-t.C:
-		}
-		if e := r.entry(); e != nil {
-			r.deadLetter(e, ls, tries+1)
-		}
-	}()
-}
-
-// sweep expires ack deadlines and ends ordered backoffs.
-func (r *subRuntime) sweep() {
-	defer r.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		r.mu.Lock()
-		sentinel := r.sentinel
-		var expired []failure
-		now := time.Now()
-		for len(r.heap) > 0 && !r.heap[0].deadline.After(now) {
-			l := heap.Pop(&r.heap).(*lease)
-			switch l.state {
-			case leaseOut:
-				expired = append(expired, failure{l, l.gen})
-			case leaseBackoff:
-				l.state = leaseReady
-				r.ready = append(r.ready, l)
-				if ks := r.keys[l.key]; ks != nil {
-					r.advanceKeyLocked(l.key, ks, now) // its key's later messages follow it
-				}
-				r.notifyLocked()
-			}
-		}
-		next := time.Hour
-		if len(r.heap) > 0 {
-			next = time.Until(r.heap[0].deadline)
-		}
-		if r.recoveringLocked(now) {
-			r.releaseKeysLocked(now)
-			next = min(next, recoveryTick)
-		}
-		idle := len(r.leases) == 0
-		r.mu.Unlock()
-		if idle {
-			r.s.retireIdle(r, now)
-			next = min(next, r.s.cfg.RuntimeIdle/4)
-		}
-		// Expired leases were popped; fail wants them out, so they go
-		// through it with a fresh look under the lock.
-		if len(expired) > 0 {
-			r.expired.Add(float64(len(expired)))
-			r.fail(expired, true)
-		}
-		timer.Reset(next)
-		select {
-		case <-r.done:
-			return
-		case <-r.wake:
-			if !timer.Stop() {
-				<-timer.C
-			}
-		case <-sentinel:
-			if !timer.Stop() {
-				<-timer.C
-			}
-			r.mu.Lock()
-			r.sentinelBackLocked(sentinel, time.Now())
-			r.mu.Unlock()
-		case <-timer.C:
-		}
-	}
-}
 
 // reset drops every lease after the engine lost them (backend outage):
 // their lease records bring the messages back; outstanding ack ids die.
@@ -1087,28 +603,4 @@ func (r *subRuntime) close(drop bool) {
 		r.h.Release(ids...)
 	}
 	r.h.Close()
-}
-
-// leaseHeap orders leases by deadline.
-type leaseHeap []*lease
-
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
-func (h leaseHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].hidx = i
-	h[j].hidx = j
-}
-func (h *leaseHeap) Push(x any) {
-	l := x.(*lease)
-	l.hidx = len(*h)
-	*h = append(*h, l)
-}
-func (h *leaseHeap) Pop() any {
-	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	l.hidx = -1
-	return l
 }

@@ -42,7 +42,7 @@ import (
 //
 // An ordered subscription pushes a key's messages one at a time, in order:
 // the next one goes out when the previous one is acked. A failure nacks the
-// message, which rewinds its key (lease.go): the later messages of the key
+// message, which rewinds its key (keywindow.go): the later messages of the key
 // that this pusher holds turn stale and are skipped, and come again after
 // it.
 const (

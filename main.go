@@ -83,6 +83,12 @@ func main() {
 		runMode = runHealthcheck
 	}
 	if err := runMode(cfg, log); err != nil {
+		var ce *proxy.ConfigError
+		if errors.As(err, &ce) {
+			log.Sync()
+			fmt.Fprintln(os.Stderr, "kubemq-proxy: config:", ce)
+			os.Exit(exitConfig)
+		}
 		log.Error("exiting", zap.Error(err))
 		log.Sync()
 		os.Exit(1)
@@ -190,10 +196,10 @@ func runEmbedded(cfg proxy.Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", cfg.Embedded.Listen)
+	lis, err := proxy.Listen("embedded.listen", cfg.Embedded.Listen)
 	if err != nil {
 		srv.Close()
-		return fmt.Errorf("embedded.listen: %w", err)
+		return err
 	}
 	log.Info("listening", zap.String("listener", "embedded-kubemq"), zap.String("address", lis.Addr().String()), zap.String("data_dir", cfg.Embedded.DataDir), zap.Bool("tls", opts.TLS != nil),
 		zap.Int64("max_memory_bytes", opts.MaxMemory))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,15 +96,33 @@ func TestExitCode2(t *testing.T) {
 		// The embedded server's TLS is for the backend-only mode.
 		"embedded tls in proxy mode": {[]string{"--embedded.tls_cert_file", "main_test.go", "--embedded.tls_key_file", "main_test.go"}, "embedded.tls_cert_file"},
 		"embedded tls half set":      {[]string{"embedded", "--embedded.tls_cert_file", "main_test.go"}, "embedded.tls_cert_file"},
+		// Found only when the process starts: a data dir it cannot create, an address in use.
+		"unusable data dir, embedded mode": {[]string{"embedded", "--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0",
+			"--embedded.data_dir", "main_test.go/data"}, "embedded.data_dir"},
+		"unusable data dir": {[]string{"--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--gcp.listen", "127.0.0.1:0",
+			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--embedded.data_dir", "main_test.go/data"}, "embedded.data_dir"},
+		"listen address in use": {[]string{"--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0",
+			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--gcp.listen", "BUSY"}, "gcp.listen"},
 	}
 	if name := os.Getenv("KMQP_TEST_MAIN"); name != "" {
-		os.Args = append([]string{"kubemq-proxy"}, cases[name].args...)
+		args := cases[name].args
+		for i, a := range args {
+			if a == "BUSY" {
+				args[i] = os.Getenv("KMQP_TEST_BUSY")
+			}
+		}
+		os.Args = append([]string{"kubemq-proxy"}, args...)
 		main()
 		return
 	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for name, c := range cases {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestExitCode2$")
-		cmd.Env = append(os.Environ(), "KMQP_TEST_MAIN="+name)
+		cmd.Env = append(os.Environ(), "KMQP_TEST_MAIN="+name, "KMQP_TEST_BUSY="+busy.Addr().String())
 		out, err := cmd.CombinedOutput()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {

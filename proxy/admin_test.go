@@ -97,3 +97,39 @@ func TestAdminEndpointsLoopbackOrToken(t *testing.T) {
 		t.Errorf("GET /state from loopback = %d", code)
 	}
 }
+
+// PUT /loglevel takes a JSON body as curl -d sends it (labelled form-encoded) and as a plain
+// form; the level changes.
+func TestLogLevelBodies(t *testing.T) {
+	cfg := testConfig(t)
+	p, err := proxy.New(cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	level := zap.NewAtomicLevel()
+	p.SetLogLevel(level)
+	if err := p.Start(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	url := "http://" + p.Addr("http") + "/loglevel"
+	for _, c := range []struct{ ctype, body, want string }{
+		{"application/x-www-form-urlencoded", `{"level":"debug"}`, "debug"},
+		{"", `{"level":"warn"}`, "warn"},
+		{"application/json", `{"level":"error"}`, "error"},
+		{"application/x-www-form-urlencoded", `level=info`, "info"},
+	} {
+		req, _ := http.NewRequest("PUT", url, strings.NewReader(c.body))
+		if c.ctype != "" {
+			req.Header.Set("Content-Type", c.ctype)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || level.Level().String() != c.want {
+			t.Errorf("PUT %q as %q: %d, level %s; want 200, %s", c.body, c.ctype, resp.StatusCode, level.Level(), c.want)
+		}
+	}
+}

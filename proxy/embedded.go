@@ -77,6 +77,11 @@ func (c *Config) EmbeddedOptions(log *zap.Logger) (embedded.Options, error) {
 	if err != nil {
 		return embedded.Options{}, fmt.Errorf("embedded.max_memory: %v", err)
 	}
+	if e.DataDir != "" {
+		if err := checkDataDir(e.DataDir); err != nil {
+			return embedded.Options{}, err
+		}
+	}
 	o := embedded.Options{
 		DataDir: e.DataDir, Strict: e.Strict, ScanDelays: e.ScanDelays, Logger: log,
 		MaxRetention: orForever(e.Store.MaxRetention), MaxPurgeInactive: orForever(e.Store.MaxPurgeInactive),

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"crypto/subtle"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -19,7 +21,7 @@ func (p *Proxy) httpHandler() http.Handler {
 	mux.Handle("GET /state", p.admin(http.HandlerFunc(p.serveState)))
 	if p.logLevel != nil {
 		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.
-		mux.Handle("/loglevel", p.admin(p.logLevel))
+		mux.Handle("/loglevel", p.admin(jsonLevel(p.logLevel)))
 	}
 	// Go's profiles (heap, goroutines, CPU) for diagnosing memory and CPU in place; admin
 	// only: a profile shows the process's internals, and a CPU profile costs CPU while it runs.
@@ -27,6 +29,24 @@ func (p *Proxy) httpHandler() http.Handler {
 	mux.Handle("GET /debug/pprof/profile", p.admin(http.HandlerFunc(pprof.Profile)))
 	mux.Handle("GET /debug/pprof/trace", p.admin(http.HandlerFunc(pprof.Trace)))
 	return mux
+}
+
+// jsonLevel lets PUT /loglevel take {"level":"debug"} whatever its content type says: zap's
+// handler reads a form-encoded body as a form, and curl -d labels every body that way.
+func jsonLevel(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && r.Header.Get("Content-Type") == "application/x-www-form-urlencoded" && r.Body != nil {
+			br := bufio.NewReader(r.Body)
+			if b, err := br.Peek(1); err == nil && b[0] == '{' {
+				r.Header.Set("Content-Type", "application/json")
+			}
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{br, r.Body}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // admin guards the inspecting and mutating endpoints: a loopback peer, or any peer that sends

@@ -191,9 +191,9 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 			return fmt.Errorf("embedded server: %w", err)
 		}
 		p.embedded = srv
-		lis, err := net.Listen("tcp", p.cfg.Embedded.Listen)
+		lis, err := Listen("embedded.listen", p.cfg.Embedded.Listen)
 		if err != nil {
-			return fmt.Errorf("embedded.listen: %w", err)
+			return err
 		}
 		p.embeddedLis = lis
 		address = lis.Addr().String()
@@ -292,9 +292,13 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 			if a == "" {
 				continue
 			}
-			lis, err := net.Listen("tcp", a)
+			key := f.Name + ".listen"
+			if i < len(tlsFlags) && tlsFlags[i] {
+				key = f.Name + ".tls_listen"
+			}
+			lis, err := Listen(key, a)
 			if err != nil {
-				return fmt.Errorf("%s listen %s: %w", f.Name, a, err)
+				return err
 			}
 			name := f.Name
 			if i < len(tlsFlags) && tlsFlags[i] {
@@ -325,9 +329,9 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	// The side port comes last so that /state never races with the
 	// front-end list being built.
 	if p.cfg.HTTP.Listen != "" {
-		lis, err := net.Listen("tcp", p.cfg.HTTP.Listen)
+		lis, err := Listen("http.listen", p.cfg.HTTP.Listen)
 		if err != nil {
-			return fmt.Errorf("http.listen: %w", err)
+			return err
 		}
 		p.httpLis = lis
 		p.httpSrv = &http.Server{Handler: p.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
@@ -617,9 +621,9 @@ func (p *Proxy) startCluster(deps *Deps) error {
 	po := cluster.PeerOptions{Secret: secret, ServerTLS: serverTLS, ClientTLS: clientTLS}
 	bound := ""
 	if cc.Listen != "" {
-		lis, err := net.Listen("tcp", cc.Listen)
+		lis, err := Listen("cluster.listen", cc.Listen)
 		if err != nil {
-			return fmt.Errorf("cluster.listen: %w", err)
+			return err
 		}
 		p.peerLis = lis
 		bound = lis.Addr().String()

@@ -61,7 +61,6 @@ type channel struct {
 	globalPrefetch uint16                // basic.qos global=true: limit for the whole channel
 	stopped        bool                  // no more deliveries (closing)
 	links          map[*fwdLink]struct{} // open links to other replicas (forward.go)
-	unflushed      []*fwdLink            // links with settlements waiting to go (flushSettles); the channel's goroutine only
 	fwdInflight    int                   // credit the links granted and the holders have not used
 	voided         int                   // void entries of unacked (forward.go)
 
@@ -138,35 +137,13 @@ func (ch *channel) run() {
 		select {
 		case cmd := <-ch.cmds:
 			ch.handle(cmd)
-			if len(ch.unflushed) > 0 && (len(ch.cmds) == 0 || len(ch.unflushed) >= flushEvery) {
-				ch.flushSettles()
-			}
 		case <-ch.wake:
 			ch.runPosted()
 			ch.confirms.emit()
-			if len(ch.unflushed) > 0 {
-				ch.flushSettles()
-			}
 		case <-ch.c.ctx.Done():
 			return
 		}
 	}
-}
-
-// flushEvery bounds how many settling commands a busy channel handles
-// before their settlements leave anyway.
-const flushEvery = 64
-
-// flushSettles sends the settlements the channel's commands left waiting
-// on its forwarded links (fwdLink.settle): once no command is waiting (or
-// flushEvery settling commands ran), so that a burst of acks leaves in a
-// few Settle messages per link.
-func (ch *channel) flushSettles() {
-	for _, l := range ch.unflushed {
-		l.flush()
-	}
-	clear(ch.unflushed)
-	ch.unflushed = ch.unflushed[:0]
 }
 
 // send queues a method for the client on this channel.

@@ -840,7 +840,7 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 		l.settle(peerpb.Settle_ACK, k.ack...)
 		l.settle(peerpb.Settle_REQUEUE, k.back...)
 		l.settle(peerpb.Settle_REJECT, k.reject...)
-		ch.unflushed = append(ch.unflushed, l) // sent once the channel is idle (run)
+		l.flush() // at once: a holder that stops settles what it has heard of, and requeues the rest
 		ch.c.srv.m.acked.Add(float64(len(k.ack) + len(k.reject)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()

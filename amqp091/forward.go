@@ -237,11 +237,10 @@ func (l *fwdLink) send(r *peerpb.LinkRequest) error {
 }
 
 // settle adds settlements to those waiting to go: they leave with the
-// link's next request, or at the latest when whoever settled flushes
-// (the channel once it has no command waiting, the link's reader after
-// each response), so a client's acks of a burst travel in a few Settle
-// messages instead of one each. A link that ended drops them (the holder
-// has put those deliveries back already).
+// link's next request, or when whoever settled flushes (the channel after
+// each settling command, the link's reader after each response, so that
+// one response's no-ack deliveries are acked in one Settle). A link that
+// ended drops them (the holder has put those deliveries back already).
 func (l *fwdLink) settle(op peerpb.Settle_Op, keys ...uint64) {
 	if len(keys) == 0 {
 		return

@@ -565,6 +565,23 @@ func TestPushSwitchUnderLoad(t *testing.T) {
 		}
 	}
 	<-pubDone
+	// The subscription ends in push mode. The puller may have taken every message so far (on a
+	// fast backend the publishes can all land in the pull phases): stop it, and publish a few
+	// more, which only the pusher can deliver.
+	rcancel()
+	<-recvDone
+	const extra = 50
+	p := c.Publisher(tid)
+	for i := range extra {
+		id, err := p.Publish(ctx, &pubsub.Message{Data: []byte(fmt.Sprint("extra", i))}).Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		ids = append(ids, id)
+		mu.Unlock()
+	}
+	p.Stop()
 	for {
 		mu.Lock()
 		ep.mu.Lock()
@@ -578,7 +595,7 @@ func TestPushSwitchUnderLoad(t *testing.T) {
 		np := len(ep.reqs)
 		ep.mu.Unlock()
 		mu.Unlock()
-		if missing == 0 && len(ids) == n {
+		if missing == 0 && len(ids) == n+extra {
 			if np == 0 {
 				t.Fatal("nothing was pushed")
 			}
@@ -586,12 +603,10 @@ func TestPushSwitchUnderLoad(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%d of %d messages neither pulled nor pushed", missing, n)
+			t.Fatalf("%d of %d messages neither pulled nor pushed", missing, n+extra)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	rcancel()
-	<-recvDone
 }
 
 // TestPushRestartWhileFailing: the proxy restarts while the endpoint

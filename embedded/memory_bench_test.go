@@ -31,6 +31,11 @@ var storedMessages = flag.Int("stored", 100_000, "BenchmarkStoredMemory: how man
 //
 //	go test -run x -bench 'StoredMemory/in-memory' -benchtime 1x -stored 1000000 ./embedded
 func BenchmarkStoredMemory(b *testing.B) {
+	inMemoryAndDataDir(b, func(b *testing.B, persisted bool) { benchStoredMemory(b, persisted, *storedMessages) })
+}
+
+// inMemoryAndDataDir runs bench as two sub-benchmarks: a server in memory, one on a data dir.
+func inMemoryAndDataDir(b *testing.B, bench func(b *testing.B, persisted bool)) {
 	for _, persisted := range []bool{false, true} {
 		name := "in-memory"
 		if persisted {
@@ -38,9 +43,28 @@ func BenchmarkStoredMemory(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				benchStoredMemory(b, persisted, *storedMessages)
+				bench(b, persisted)
 			}
 		})
+	}
+}
+
+// storeQueue sends n copies of body to queue channel in batches of 100 (a fresh body per
+// message, as a client's messages arrive) and waits until each batch is durable.
+func storeQueue(b *testing.B, s *Server, channel string, n int, body []byte) {
+	const batch = 100
+	msgs := make([]*kubemqpb.QueueMessage, batch)
+	for sent := 0; sent < n; sent += batch {
+		for i := range msgs {
+			msgs[i] = &kubemqpb.QueueMessage{ClientID: "bench", Channel: channel, Body: append([]byte(nil), body...)}
+		}
+		res, _, lsn := s.sendBatch(msgs)
+		if err := s.waitLog(lsn); err != nil {
+			b.Fatal(err)
+		}
+		if res[0].IsError {
+			b.Fatal(res[0].Error)
+		}
 	}
 }
 
@@ -64,21 +88,7 @@ func benchStoredMemory(b *testing.B, persisted bool, n int) {
 		body[i] = byte('a' + i%26)
 	}
 	start := time.Now()
-	const batch = 100
-	msgs := make([]*kubemqpb.QueueMessage, batch)
-	for sent := 0; sent < n; sent += batch {
-		for i := range msgs {
-			// A fresh body per message, as a client's messages arrive.
-			msgs[i] = &kubemqpb.QueueMessage{ClientID: "bench", Channel: "stored", Body: append([]byte(nil), body...)}
-		}
-		res, _, lsn := s.sendBatch(msgs)
-		if err := s.waitLog(lsn); err != nil {
-			b.Fatal(err)
-		}
-		if res[0].IsError {
-			b.Fatal(res[0].Error)
-		}
-	}
+	storeQueue(b, s, "stored", n, body)
 	elapsed := time.Since(start)
 	runtime.GC()
 	debug.FreeOSMemory()
@@ -156,17 +166,7 @@ var drainedMessages = flag.Int("drained", 200_000, "BenchmarkDrainMemory: how ma
 //
 //	go test -run x -bench DrainMemory -benchtime 1x ./embedded
 func BenchmarkDrainMemory(b *testing.B) {
-	for _, persisted := range []bool{false, true} {
-		name := "in-memory"
-		if persisted {
-			name = "data-dir"
-		}
-		b.Run(name, func(b *testing.B) {
-			for range b.N {
-				benchDrainMemory(b, persisted, *drainedMessages)
-			}
-		})
-	}
+	inMemoryAndDataDir(b, func(b *testing.B, persisted bool) { benchDrainMemory(b, persisted, *drainedMessages) })
 }
 
 func benchDrainMemory(b *testing.B, persisted bool, n int) {
@@ -187,21 +187,7 @@ func benchDrainMemory(b *testing.B, persisted bool, n int) {
 		return float64(ms.HeapAlloc) / (1 << 20)
 	}
 	base := heap()
-	body := make([]byte, 1024)
-	const batch = 100
-	msgs := make([]*kubemqpb.QueueMessage, batch)
-	for sent := 0; sent < n; sent += batch {
-		for i := range msgs {
-			msgs[i] = &kubemqpb.QueueMessage{ClientID: "bench", Channel: "drained", Body: append([]byte(nil), body...)}
-		}
-		res, _, lsn := s.sendBatch(msgs)
-		if err := s.waitLog(lsn); err != nil {
-			b.Fatal(err)
-		}
-		if res[0].IsError {
-			b.Fatal(res[0].Error)
-		}
-	}
+	storeQueue(b, s, "drained", n, make([]byte, 1024))
 	stored := heap()
 	ctx := b.Context()
 	for got := 0; got < n; {

@@ -353,6 +353,10 @@ func (d *dispatcher) run() {
 	}
 	defer h.Close()
 	h.SetReadAhead(readAhead)
+	if d.q.isPriority() {
+		d.runLevels(h)
+		return
+	}
 	for {
 		credit := d.credit()
 		if credit == 0 {
@@ -385,7 +389,7 @@ func (d *dispatcher) run() {
 		if ds = d.srv.liveOnly(d.q, h, ds); len(ds) == 0 {
 			continue
 		}
-		if rest := d.distribute(ds); len(rest) > 0 {
+		if rest := d.distribute(ds, nil); len(rest) > 0 {
 			h.Unfetch(rest...)
 		}
 	}
@@ -422,8 +426,10 @@ func (d *dispatcher) credit() int {
 }
 
 // distribute delivers ds in order, each to the consumer RabbitMQ would
-// pick; it returns what no consumer could take.
-func (d *dispatcher) distribute(ds []*delivery.Delivery) []*delivery.Delivery {
+// pick; it returns what no consumer could take. h is the handle ds came
+// through when it is not the consumers' own (a priority level); nil
+// otherwise.
+func (d *dispatcher) distribute(ds []*delivery.Delivery, h *delivery.Handle) []*delivery.Delivery {
 	order := slices.Clone(*d.list.Load())
 	// Highest priority first; within a priority, the one served longest ago.
 	slices.SortStableFunc(order, func(a, b *consumer) int {
@@ -434,6 +440,7 @@ func (d *dispatcher) distribute(ds []*delivery.Delivery) []*delivery.Delivery {
 	})
 	for i, dl := range ds {
 		dec := decodeDelivery(d.q.name, dl)
+		dec.h = h
 		taken := -1
 		for j, cs := range order {
 			if cs.deliver(dl, &dec) {
@@ -496,6 +503,7 @@ func (cs *consumer) creditLocked() int {
 type decoded struct {
 	exchange, key string
 	props         wire.Properties
+	h             *delivery.Handle // the handle it came through, when not the consumer's (a priority level)
 }
 
 func decodeDelivery(queue string, d *delivery.Delivery) decoded {
@@ -512,6 +520,10 @@ func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
 		return cs.peer.deliver(cs, d)
 	}
 	ch := cs.ch
+	h := cs.h
+	if dec.h != nil {
+		h = dec.h
+	}
 	ch.dmu.Lock()
 	if cs.stopped || ch.stopped || cs.creditLocked() == 0 {
 		ch.dmu.Unlock()
@@ -520,7 +532,7 @@ func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
 	ch.nextTag++
 	tag := ch.nextTag
 	if !cs.noAck {
-		ch.unacked[tag] = &unacked{d: d, h: cs.h, cons: cs, queue: cs.q, tag: tag}
+		ch.unacked[tag] = &unacked{d: d, h: h, cons: cs, queue: cs.q, tag: tag}
 		ch.order = append(ch.order, tag)
 		cs.outstanding++
 	}
@@ -531,7 +543,7 @@ func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
 		Redelivered: d.Redelivered, Exchange: dec.exchange, RoutingKey: dec.key}, props: &dec.props, body: d.Body})
 	ch.dmu.Unlock()
 	if cs.noAck {
-		cs.h.Ack(d.LeaseID)
+		h.Ack(d.LeaseID)
 	}
 	return true
 }
@@ -565,7 +577,7 @@ func (ch *channel) getHere(q *queue, h *delivery.Handle, m *wire.BasicGet) error
 		return err
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, getWait)
-	ds, err := c.srv.tryFetchLive(ctx, q, h)
+	ds, h, err := c.srv.tryFetchTop(ctx, q, h)
 	cancel()
 	if err != nil {
 		if c.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
@@ -582,7 +594,7 @@ func (ch *channel) getHere(q *queue, h *delivery.Handle, m *wire.BasicGet) error
 	if len(ds) > 1 {
 		h.Unfetch(ds[1:]...)
 	}
-	left, err := h.Ready(c.ctx)
+	left, err := c.srv.handleReady(c.ctx, q, h)
 	if err != nil {
 		h.Unfetch(d)
 		return err

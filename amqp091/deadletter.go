@@ -43,7 +43,7 @@ const tagExpiresAt = "x-amqp-expires-at"
 // metadata, tags and body; msgTTL is the message's expiration property
 // (when hasMsgTTL). tags is shared and not modified.
 func (q *queue) storedCopy(meta string, tags map[string]string, body []byte, msgTTL time.Duration, hasMsgTTL bool, now time.Time) kubemqclient.QueueMessage {
-	m := kubemqclient.QueueMessage{Channel: q.channel, Metadata: meta, Body: body, Tags: tags}
+	m := kubemqclient.QueueMessage{Channel: q.storeChannel(tags), Metadata: meta, Body: body, Tags: tags}
 	exp, has := msgTTL, hasMsgTTL
 	if q.hasTTL && (!has || q.ttl < exp) {
 		exp, has = q.ttl, true

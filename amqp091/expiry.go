@@ -167,7 +167,7 @@ func (s *Server) reap(q *queue) {
 				f()
 			}
 			if h != nil && head {
-				if next, ok := s.expireHead(q, h); ok {
+				if next, ok := s.expireHeads(q, h); ok {
 					wait = min(wait, max(time.Until(next), time.Millisecond))
 				}
 			}
@@ -231,6 +231,7 @@ func (s *Server) expire(q *queue, h *delivery.Handle, d *delivery.Delivery) {
 // remove takes d out of q for reason (expired, maxlen): acked at once
 // without a dead-letter exchange, otherwise once dead-lettered.
 func (s *Server) remove(q *queue, h *delivery.Handle, d *delivery.Delivery, reason string) {
+	h = q.via(h, d)
 	if !q.hasDLX || q.isDeleted() {
 		s.m.dropped.WithLabelValues(reason).Inc()
 		h.Ack(d.LeaseID)
@@ -242,6 +243,7 @@ func (s *Server) remove(q *queue, h *delivery.Handle, d *delivery.Delivery, reas
 // rejectToDLX dead-letters a rejected delivery; its lease is acked once
 // the dead-lettered copies are stored.
 func (s *Server) rejectToDLX(q *queue, h *delivery.Handle, d *delivery.Delivery) {
+	h = q.via(h, d)
 	s.deadLetter(q, d, reasonRejected, func(ok bool) { s.settleDeath(q, h, d, ok) })
 }
 

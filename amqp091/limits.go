@@ -82,8 +82,12 @@ const exactTrimMax = 10000
 // trim is one drop-head pass over q through h: the oldest ready messages
 // beyond x-max-length are dropped, or dead-lettered (reason maxlen).
 func (s *Server) trim(q *queue, h *delivery.Handle) {
-	n, known, err := s.localReadyCount(s.ctx, q.channel)
+	n, known, err := s.queueReady(s.ctx, q)
 	if err != nil || !known || int64(n) <= q.maxLen {
+		return
+	}
+	if q.isPriority() {
+		s.trimLevels(q, h, int64(n))
 		return
 	}
 	if q.maxLen > exactTrimMax {

@@ -440,15 +440,17 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 	}
 	switch {
 	case st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted():
-		back := ids[:0]
-		for i, d := range ds {
+		back := ds[:0]
+		for _, d := range ds {
 			if l.q.overDeliveryLimit(d) {
 				l.s.remove(l.q, l.h, d, reasonDeliveryLimit)
 				continue
 			}
-			back = append(back, ids[i])
+			back = append(back, d)
 		}
-		l.h.Requeue(back...)
+		for h, ids := range l.q.leaseIDs(l.h, back) {
+			h.Requeue(ids...)
+		}
 		l.s.m.requeued.Add(float64(len(back)))
 	case st.Op == peerpb.Settle_REJECT && l.q.hasDLX:
 		for _, d := range ds {
@@ -456,7 +458,9 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 		}
 		l.s.m.acked.Add(float64(len(ds)))
 	default:
-		l.h.Ack(ids...)
+		for h, ids := range l.q.leaseIDs(l.h, ds) {
+			h.Ack(ids...)
+		}
 		l.s.m.acked.Add(float64(len(ids)))
 	}
 	if l.cs != nil {
@@ -467,7 +471,7 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 // get answers one forwarded basic.get as a local one would.
 func (l *peerLink) get() error {
 	ctx, cancel := context.WithTimeout(l.ctx, getWait)
-	ds, err := l.s.tryFetchLive(ctx, l.q, l.h)
+	ds, h, err := l.s.tryFetchTop(ctx, l.q, l.h)
 	cancel()
 	if err != nil && !(l.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) {
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)
@@ -478,17 +482,17 @@ func (l *peerLink) get() error {
 	}
 	d := ds[0]
 	if len(ds) > 1 {
-		l.h.Unfetch(ds[1:]...)
+		h.Unfetch(ds[1:]...)
 	}
-	left, err := l.h.Ready(l.ctx)
+	left, err := l.s.handleReady(l.ctx, l.q, h)
 	if err != nil {
-		l.h.Unfetch(d)
+		h.Unfetch(d)
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: basic.get: %v", err)
 	}
 	l.mu.Lock()
 	if l.ended { // the link ended meanwhile: the message goes back
 		l.mu.Unlock()
-		l.h.Unfetch(d)
+		h.Unfetch(d)
 		return nil
 	}
 	l.nextKey++
@@ -507,17 +511,22 @@ func (l *peerLink) finish() {
 	l.stopConsumer()
 	l.mu.Lock()
 	l.ended = true
-	ids := make([]string, 0, len(l.out))
+	ds := make([]*delivery.Delivery, 0, len(l.out))
 	for k, d := range l.out {
-		ids = append(ids, d.LeaseID)
+		ds = append(ds, d)
 		delete(l.out, k)
 	}
 	l.mu.Unlock()
-	if len(ids) > 0 && !l.q.isDeleted() {
-		l.h.Requeue(ids...)
-		l.s.m.requeued.Add(float64(len(ids)))
-	} else if len(ids) > 0 {
-		l.h.Ack(ids...)
+	deleted := len(ds) > 0 && l.q.isDeleted()
+	for h, ids := range l.q.leaseIDs(l.h, ds) {
+		if deleted {
+			h.Ack(ids...)
+		} else {
+			h.Requeue(ids...)
+		}
+	}
+	if !deleted {
+		l.s.m.requeued.Add(float64(len(ds)))
 	}
 	l.h.Close()
 }
@@ -566,16 +575,17 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 		return nil, err
 	}
 	s := p.s
-	ch := req.Queue.Channel
+	q, release := s.peerQueue(req.Queue)
+	defer release()
 	switch req.Op {
 	case peerpb.QueueRequest_COUNT:
-		n, known, err := s.localReadyCount(ctx, ch)
+		n, known, err := s.queueReady(ctx, q)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
 		}
 		return &peerpb.QueueResponse{Count: n, Known: known, Consumers: uint32(s.peerConsumers(req.Queue))}, nil
 	case peerpb.QueueRequest_PURGE:
-		n, err := s.localPurge(ctx, ch)
+		n, err := s.queuePurge(ctx, q)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: purge: %v", err)
 		}

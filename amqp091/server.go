@@ -479,7 +479,7 @@ func (s *Server) counts(ctx context.Context, q *queue) (n uint32, known bool, co
 	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT); ok {
 		return r.Count, r.Known, max(consumers, int(r.Consumers)), nil
 	}
-	n, known, err = s.localReadyCount(ctx, q.channel)
+	n, known, err = s.queueReady(ctx, q)
 	return n, known, consumers, err
 }
 
@@ -502,7 +502,7 @@ func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
 	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_PURGE); ok {
 		return r.Count, nil
 	}
-	return s.localPurge(ctx, q.channel)
+	return s.queuePurge(ctx, q)
 }
 
 // localPurge is purge of KubeMQ channel ch by this replica. KubeMQ's purge

@@ -312,7 +312,11 @@ type queue struct {
 	// deliveryLimit is a quorum queue's x-delivery-limit (-1 = none): a
 	// message returned more often is dead-lettered (delivery_limit).
 	deliveryLimit int64
-	reap          reaper // expiry at the head and x-expires (expiry.go)
+	// maxPriority is x-max-priority (0: none, FIFO); prio holds the levels
+	// of a priority queue (priority.go).
+	maxPriority int
+	prio        *prioLevels
+	reap        reaper // expiry at the head and x-expires (expiry.go)
 	// incarnation numbers the queues that had this name (queueChannel).
 	incarnation uint64
 
@@ -364,6 +368,9 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 	}
 	q.reap.lastUse.Store(time.Now().UnixNano())
 	q.singleActive = args["x-single-active-consumer"] == true
+	if n, ok := intArg(args["x-max-priority"]); ok && n > 0 && n <= 255 {
+		q.maxPriority, q.prio = int(n), newPrioLevels()
+	}
 	return q
 }
 

@@ -548,6 +548,16 @@ func (h *Handle) RecordDelay() time.Duration { return h.c.opts.RecordDelay }
 // Hold is Consumer.Hold.
 func (h *Handle) Hold(until time.Time, ids ...string) int { return h.c.Hold(until, ids...) }
 
+// Holds reports whether id is a lease of h's queue that is live here (delivered and not
+// settled): a front-end that serves one queue from several KubeMQ queues finds a delivery's
+// Handle with it.
+func (h *Handle) Holds(id string) bool {
+	c := h.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lookupLocked(id) != nil
+}
+
 // Ack is Consumer.Ack.
 func (h *Handle) Ack(ids ...string) []bool { return h.c.Ack(ids...) }
 

@@ -10,7 +10,7 @@ import (
 // Benchmarks of issue 17, proxy next to RabbitMQ in the same run (see
 // bench_test.go):
 //
-//	go test -run '^$' -bench 'DLXRetry|DropHead' -benchtime 2000x ./amqp091/
+//	go test -run '^$' -bench 'DLXRetry|DropHead|PriorityQueue' -benchtime 2000x ./amqp091/
 
 // benchQueueArgs declares a queue with arguments, deleted afterwards.
 func benchQueueArgs(b *testing.B, ch *amqp.Channel, name string, args amqp.Table) {
@@ -111,6 +111,65 @@ func BenchmarkDropHead(b *testing.B) {
 			if want := min(b.N, 100); st.Messages != want {
 				b.Fatalf("queue holds %d, want %d", st.Messages, want)
 			}
+		})
+	}
+}
+
+// BenchmarkPriorityQueue: a queue with x-max-priority 10 gets messages of
+// priorities 0..9 in turn (confirms, window 1000), then a consumer
+// (prefetch 100, ack each) takes them all; they must arrive highest
+// priority first. msg/s = messages published and consumed over the
+// whole run.
+func BenchmarkPriorityQueue(b *testing.B) {
+	for _, tg := range benchTargets(b) {
+		b.Run(tg.name, func(b *testing.B) {
+			c, ch := benchDial(b, tg.url)
+			q := "bench-prio-" + randHex(3)
+			benchQueueArgs(b, ch, q, amqp.Table{"x-max-priority": int32(10)})
+			if err := ch.Confirm(false); err != nil {
+				b.Fatal(err)
+			}
+			body := make([]byte, benchBody)
+			b.ResetTimer()
+			start := time.Now()
+			var last *amqp.DeferredConfirmation
+			for i := range b.N {
+				p := benchPublishing(body)
+				p.Priority = uint8(i % 10)
+				dc, err := ch.PublishWithDeferredConfirm("", q, false, false, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				last = dc
+				if i%1000 == 999 && !last.Wait() {
+					b.Fatal("nack")
+				}
+			}
+			if last != nil && !last.Wait() {
+				b.Fatal("nack")
+			}
+			cch, err := c.Channel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cch.Qos(100, 0, false); err != nil {
+				b.Fatal(err)
+			}
+			msgs, err := cch.Consume(q, "", false, false, false, false, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			prev := uint8(255)
+			for range b.N {
+				m := mustRecv(b, msgs, "delivery")
+				if m.Priority > prev {
+					b.Fatalf("priority %d after %d", m.Priority, prev)
+				}
+				prev = m.Priority
+				m.Ack(false)
+			}
+			b.StopTimer()
+			report(b, start, b.N, "msg/s")
 		})
 	}
 }

@@ -45,9 +45,18 @@ func (ch *channel) exchangeDeclare(m *wire.ExchangeDeclare) error {
 		return nil
 	}
 	kind, ok := routing.ParseKind(m.Type)
+	delayed := false
+	if !ok && m.Type == routing.DelayedType {
+		// The delayed-message plugin's exchange routes as its
+		// x-delayed-type (delayed.go).
+		t, _ := m.Arguments["x-delayed-type"].(string)
+		if kind, ok = routing.ParseKind(t); !ok {
+			return wire.PreconditionFailed("Invalid argument, 'x-delayed-type' must be an existing exchange type")
+		}
+		delayed = true
+	}
 	if !ok {
-		// A connection error in RabbitMQ (plugin types such as
-		// x-delayed-message end here).
+		// A connection error in RabbitMQ (other plugin types end here).
 		return wire.CommandInvalid("unknown exchange type '%s'", m.Type)
 	}
 	if m.Exchange == "" {
@@ -66,7 +75,7 @@ func (ch *channel) exchangeDeclare(m *wire.ExchangeDeclare) error {
 			}
 		}
 		x = routing.Exchange{Name: m.Exchange, Kind: kind, Durable: m.Durable, AutoDelete: m.AutoDelete,
-			Internal: m.Internal, Args: m.Arguments}
+			Internal: m.Internal, Args: m.Arguments, Delayed: delayed}
 		ctx, cancel := ch.backendCtx()
 		err := vh.putExchangeRecord(ctx, x)
 		cancel()
@@ -76,8 +85,8 @@ func (ch *channel) exchangeDeclare(m *wire.ExchangeDeclare) error {
 		vh.routes.PutExchange(x)
 	}
 	rs := rsExchange(m.Exchange, vn)
-	if x.Kind != kind {
-		return inequivalent("type", rs, kind.String(), x.Kind.String())
+	if x.Kind != kind || x.Delayed != delayed {
+		return inequivalent("type", rs, m.Type, x.TypeName())
 	}
 	for _, f := range []struct {
 		name      string
@@ -119,6 +128,9 @@ func (ch *channel) exchangeDelete(m *wire.ExchangeDelete) error {
 			}
 		}
 		r := vh.routes.DeleteExchange(x.Name)
+		if x.Delayed {
+			ch.c.srv.stopDelayHolder(vh, x.Name)
+		}
 		if len(r.Exchanges) > 0 {
 			r.Exchanges = r.Exchanges[1:] // x's tombstone is written
 		}

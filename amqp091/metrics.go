@@ -117,6 +117,9 @@ func (m *metrics) closed(code uint16, scope string) {
 }
 
 func (st *queueStats) in(bytes int) {
+	if st == nil { // a delayed exchange's delay queue (delayed.go)
+		return
+	}
 	st.msgsIn.Inc()
 	st.bytesIn.Add(float64(bytes))
 }

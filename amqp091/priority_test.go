@@ -281,3 +281,68 @@ func TestPriorityDropHead(t *testing.T) {
 		wantSeq(t, got, "c1", "d0")
 	})
 }
+
+// With two replicas the holder of a priority queue serves every level:
+// levels stored through the other replica are found in KubeMQ, a consumer
+// and counts through that replica see priority order and every level,
+// and its requeue and acks reach the level's lease.
+func TestForwardedPriority(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := a.channel(a.dial())
+	args := amqp.Table{"x-max-priority": int32(10)}
+	if _, err := cha.QueueDeclare("fwd.p", true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cha.Consume("fwd.p", "ca", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, "fwd.p") != a {
+		t.Fatal("a should hold the queue")
+	}
+	if err := cha.Cancel("ca", false); err != nil {
+		t.Fatal(err)
+	}
+	cb := b.dial()
+	pub := confirmChannel(t, b.env, cb)
+	publishPrio(t, pub, "fwd.p", "p1", 1)
+	publishPrio(t, pub, "fwd.p", "p5", 5)
+	publishPrio(t, pub, "fwd.p", "p9", 9)
+	publishPrio(t, pub, "fwd.p", "n", -1)
+	if n := passiveCount(t, pub, "fwd.p"); n != 4 {
+		t.Fatalf("count through b: %d, want 4", n)
+	}
+	chb := b.channel(cb)
+	if err := chb.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := chb.Consume("fwd.p", "cb", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ds := recvBodies(t, msgs, 4, "forwarded")
+	wantSeq(t, got, "p9", "p5", "p1", "n")
+	if err := ds[0].Nack(false, true); err != nil {
+		t.Fatal(err)
+	}
+	g, ds2 := recvBodies(t, msgs, 1, "requeued")
+	wantSeq(t, g, "p9*")
+	for _, d := range append(ds[1:], ds2...) {
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nothingMore(t, 300*time.Millisecond, "after acks", msgs)
+	for _, p := range []int{0, 1, 5, 9} {
+		q := b.srv.top.vhost(vhostKey(b.vhost)).lookupQueue("fwd.p")
+		if b.m.Lookup(q.levelChannel(p)) != nil {
+			t.Fatalf("b consumes level %d itself", p)
+		}
+	}
+	if err := chb.Cancel("cb", false); err != nil {
+		t.Fatal(err)
+	}
+	if n := passiveCount(t, pub, "fwd.p"); n != 0 {
+		t.Fatalf("count after acks: %d, want 0", n)
+	}
+}

@@ -46,6 +46,13 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		}
 		ttl = time.Duration(ms) * time.Millisecond
 	}
+	if x, ok := c.vh.routes.Exchange(m.Exchange); ok && x.Delayed && !x.Internal {
+		if ms, delayed := parseDelay(props.Headers); delayed {
+			n := held
+			held = 0
+			return ch.publishDelayed(m, props, cmd.body, ms, n)
+		}
+	}
 	routes, err := c.vh.routes.Route(m.Exchange, m.RoutingKey, props.Headers, ch.scratch[:0])
 	ch.scratch = routes[:0]
 	switch {

@@ -179,6 +179,7 @@ type backend interface {
 // Server is the AMQP 0-9-1 front-end. It implements the proxy's Frontend
 // (Name, Serve, Shutdown); Serve accepts plain or TLS listeners alike.
 type Server struct {
+	delays        delayHolders // holders of delayed exchanges' delay queues (delayed.go)
 	opts          Options
 	log           *zap.Logger
 	b             backend

@@ -167,19 +167,34 @@ func (t *topology) apply(rec registry.Record) {
 	switch rec.Kind {
 	case kindExchange:
 		if rec.Deleted {
-			v.routes.DeleteExchange(parts[1])
+			r := v.routes.DeleteExchange(parts[1])
+			for _, x := range r.Exchanges {
+				if x.Delayed && t.srv != nil {
+					t.srv.stopDelayHolder(v, x.Name)
+				}
+			}
 			return
 		}
 		var r exchangeRecord
 		if json.Unmarshal(rec.Value, &r) != nil {
 			return
 		}
+		args := decodeArgs(r.Args)
 		kind, ok := routing.ParseKind(r.Type)
+		delayed := false
+		if !ok && r.Type == routing.DelayedType {
+			t, _ := args["x-delayed-type"].(string)
+			kind, ok = routing.ParseKind(t)
+			delayed = true
+		}
 		if !ok {
 			return
 		}
 		v.routes.PutExchange(routing.Exchange{Name: r.Name, Kind: kind, Durable: true,
-			AutoDelete: r.AutoDelete, Internal: r.Internal, Args: decodeArgs(r.Args)})
+			AutoDelete: r.AutoDelete, Internal: r.Internal, Args: args, Delayed: delayed})
+		if delayed && t.srv != nil {
+			t.srv.startDelayHolder(v, r.Name)
+		}
 	case kindQueue:
 		if rec.Deleted {
 			if q := v.lookupQueue(parts[1]); q != nil && q.persistent() {
@@ -443,6 +458,11 @@ func (v *vhost) removeQueue(q *queue, why string) routing.Removal {
 // took with it, so replicas and restarts agree. gone is the queue the
 // removal started from, if any (no longer in the vhost).
 func (v *vhost) persistRemoval(ctx context.Context, r routing.Removal, gone *queue) error {
+	for _, x := range r.Exchanges {
+		if x.Delayed && v.top.srv != nil {
+			v.top.srv.stopDelayHolder(v, x.Name)
+		}
+	}
 	reg := v.top.reg
 	if reg == nil {
 		return nil
@@ -503,7 +523,7 @@ func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error
 		return nil
 	}
 	return v.top.reg.Put(ctx, kindExchange, recordKey(v.key, x.Name), exchangeRecord{
-		Vhost: v.key, Name: x.Name, Type: x.Kind.String(), AutoDelete: x.AutoDelete, Internal: x.Internal, Args: encodeArgs(x.Args)})
+		Vhost: v.key, Name: x.Name, Type: x.TypeName(), AutoDelete: x.AutoDelete, Internal: x.Internal, Args: encodeArgs(x.Args)})
 }
 
 func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {

@@ -18,6 +18,22 @@ type Exchange struct {
 	AutoDelete bool
 	Internal   bool
 	Args       wire.Table
+	// Delayed: an x-delayed-message exchange (the front-end holds messages
+	// with an x-delay header until they are due); Kind is its
+	// x-delayed-type, by which it routes.
+	Delayed bool
+}
+
+// DelayedType is the exchange type of delayed-message exchanges
+// (RabbitMQ's rabbitmq_delayed_message_exchange plugin).
+const DelayedType = "x-delayed-message"
+
+// TypeName is the type as exchange.declare spelled it.
+func (x Exchange) TypeName() string {
+	if x.Delayed {
+		return DelayedType
+	}
+	return x.Kind.String()
 }
 
 // Alternate returns the alternate exchange named in the arguments, or "".

@@ -148,6 +148,7 @@ func BenchmarkPriorityQueue(b *testing.B) {
 			if last != nil && !last.Wait() {
 				b.Fatal("nack")
 			}
+			published := time.Since(start)
 			cch, err := c.Channel()
 			if err != nil {
 				b.Fatal(err)
@@ -155,6 +156,7 @@ func BenchmarkPriorityQueue(b *testing.B) {
 			if err := cch.Qos(100, 0, false); err != nil {
 				b.Fatal(err)
 			}
+			consumeStart := time.Now()
 			msgs, err := cch.Consume(q, "", false, false, false, false, nil)
 			if err != nil {
 				b.Fatal(err)
@@ -170,6 +172,8 @@ func BenchmarkPriorityQueue(b *testing.B) {
 			}
 			b.StopTimer()
 			report(b, start, b.N, "msg/s")
+			b.ReportMetric(float64(b.N)/published.Seconds(), "publish-msg/s")
+			report(b, consumeStart, b.N, "consume-msg/s")
 		})
 	}
 }

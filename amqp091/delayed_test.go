@@ -216,7 +216,7 @@ func TestDelayedExchangeRestart(t *testing.T) {
 	if err := ch.QueueBind("dqdur", "", "ddur", false, nil); err != nil {
 		t.Fatal(err)
 	}
-	dc, err := ch.PublishWithDeferredConfirm("ddur", "", false, false, amqp.Publishing{Body: []byte("kept"), Headers: amqp.Table{"x-delay": int32(1500)}})
+	dc, err := ch.PublishWithDeferredConfirm("ddur", "", false, false, amqp.Publishing{Body: []byte("kept"), Headers: amqp.Table{"x-delay": int32(3000)}})
 	if err != nil || !dc.Wait() {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestDelayedExchangeRestart(t *testing.T) {
 	e.start()
 	ch = e.channel(e.dial())
 	m, ok := getWithin(t, ch, "dqdur", 20*time.Second)
-	if !ok || string(m.Body) != "kept" || m.Headers["x-delay"] != int32(-1500) {
+	if !ok || string(m.Body) != "kept" || m.Headers["x-delay"] != int32(-3000) {
 		t.Fatalf("after restart: %q %v headers %v", m.Body, ok, m.Headers)
 	}
 }

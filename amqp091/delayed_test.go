@@ -1,11 +1,14 @@
 package amqp091
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 )
 
 // The x-delayed-message exchange type (delayed.go). RabbitMQ's plugin is
@@ -232,4 +235,35 @@ func TestDelayedExchangeRestart(t *testing.T) {
 func TestDelayedExchangePika(t *testing.T) {
 	py := pythonWithPika(t)
 	runClient(t, newEnv(t), py, "pika_delayed.py")
+}
+
+// FuzzParseDelay: any x-delay header value is either a delay within the
+// plugin's range or no delay, never a panic; a string is read as the
+// integer it holds.
+func FuzzParseDelay(f *testing.F) {
+	for _, s := range []string{"250", "0", "-5", "abc", "4294967295", "4294967296", "", "1e3", " 7"} {
+		f.Add(s, int64(0), 0.0)
+	}
+	f.Add("", int64(1500), 2.5)
+	f.Add("", int64(-1), 1e300)
+	f.Fuzz(func(t *testing.T, s string, n int64, x float64) {
+		for _, v := range []any{s, n, int32(n), int16(n), int8(n), uint8(n), x, float32(x), []byte(s), true, nil} {
+			ms, ok := parseDelay(wire.Table{"x-delay": v})
+			if ok && (ms <= 0 || ms > maxDelay) {
+				t.Fatalf("%#v: delay %d accepted", v, ms)
+			}
+			if !ok && ms > 0 && ms <= maxDelay {
+				if _, isStr := v.(string); !isStr {
+					if _, isInt := intArg(v); isInt {
+						t.Fatalf("%#v: delay %d refused", v, ms)
+					}
+				}
+			}
+		}
+		if ms, ok := parseDelay(wire.Table{"x-delay": s}); ok {
+			if want, err := strconv.ParseInt(s, 10, 64); err != nil || want != ms {
+				t.Fatalf("%q read as %d", s, ms)
+			}
+		}
+	})
 }

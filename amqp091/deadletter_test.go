@@ -3,6 +3,7 @@ package amqp091
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -525,4 +526,72 @@ func TestForwardedDeadLetter(t *testing.T) {
 		}
 		checkDeath(t, deaths(t, d)[0], 1, c.reason, c.q, "", []string{c.q}, "")
 	}
+}
+
+// Length limits apply to transactional publishes at the commit:
+// drop-head keeps the newest; reject-publish drops what would go over the
+// limit and reject-publish-dlx dead-letters it, and then the commit fails
+// with RabbitMQ's 406 partial tx completion (the copies that fit stay).
+func TestMaxLengthTransactional(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		setup := e.channel(c)
+		declare(t, setup, "dead")
+		declareArgs(t, setup, "rp", amqp.Table{"x-max-length": int32(2), "x-overflow": "reject-publish"})
+		declareArgs(t, setup, "rpd", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish-dlx",
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+		declareArgs(t, setup, "dh", amqp.Table{"x-max-length": int32(2)})
+		if err := setup.Publish("", "rp", false, false, amqp.Publishing{Body: []byte("before")}); err != nil {
+			t.Fatal(err)
+		}
+		commit := func(q string) error {
+			ch := e.channel(c)
+			if err := ch.Tx(); err != nil {
+				t.Fatal(err)
+			}
+			for i := 1; i <= 4; i++ {
+				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: []byte(fmt.Sprint(q, i))}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := passiveCount(t, setup, q); n != map[string]int{"rp": 1}[q] {
+				t.Fatalf("%s holds %d before the commit", q, n)
+			}
+			return ch.TxCommit()
+		}
+		drain := func(q string) []string {
+			var got []string
+			for {
+				m, ok, err := setup.Get(q, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					return got
+				}
+				got = append(got, string(m.Body))
+			}
+		}
+		if err := commit("dh"); err != nil {
+			t.Fatal(err)
+		}
+		wantSeq(t, drain("dh"), "dh3", "dh4")
+		for _, q := range []string{"rp", "rpd"} {
+			err := commit(q)
+			if amqpCode(err) != 406 || !strings.Contains(err.Error(), "PRECONDITION_FAILED - partial tx completion") {
+				t.Fatalf("commit into %s: %v", q, err)
+			}
+		}
+		wantSeq(t, drain("rp"), "before", "rp1")
+		wantSeq(t, drain("rpd"), "rpd1")
+		var dead []string
+		for range 3 {
+			m, ok := getWithin(t, setup, "dead", 5*time.Second)
+			if !ok {
+				t.Fatalf("dead-lettered: %v", dead)
+			}
+			dead = append(dead, string(m.Body))
+		}
+		wantSeq(t, dead, "rpd2", "rpd3", "rpd4")
+	})
 }

@@ -128,6 +128,7 @@ func (ch *channel) publishDelayed(m *wire.BasicPublish, props *wire.Properties, 
 	if ch.tx != nil {
 		c.unpend(held)
 		ch.tx.msgs = append(ch.tx.msgs, cp)
+		ch.tx.limits = append(ch.tx.limits, nil)
 		return nil
 	}
 	var seq uint64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,14 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 			}
 		}
 		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), log: ch.log})
+		if ch.tx != nil {
+			// The queue's length limit applies at the commit (txCommit).
+			var lim *txLimit
+			if q.limitsLength() {
+				lim = &txLimit{q: q, exchange: m.Exchange, key: m.RoutingKey, props: props, body: cmd.body}
+			}
+			ch.tx.limits = append(ch.tx.limits, lim)
+		}
 	}
 	if ch.tx != nil {
 		// Pending only until buffered here: a transaction larger than the
@@ -503,6 +512,7 @@ func (p *publisher) close() {
 // already stored in place.
 type txState struct {
 	msgs    []pubCopy
+	limits  []*txLimit // per copy of msgs: its queue's length limit, nil for none (a delayed copy has none)
 	settles []*unacked // acked (requeue=false) or nacked inside the transaction
 	requeue []bool
 	reject  []bool // a reject or nack without requeue (dead-lettered)
@@ -525,6 +535,11 @@ func (ch *channel) txCommit() error {
 	}
 	tx := ch.tx
 	ch.tx = &txState{}
+	msgs, trims, refused, err := ch.applyTxLimits(tx)
+	if err != nil {
+		return err
+	}
+	tx.msgs = msgs
 	if len(tx.msgs) > 0 {
 		res := make(chan bool, 1)
 		done := newPubDone(len(tx.msgs), func(ok bool) { res <- ok })
@@ -542,9 +557,82 @@ func (ch *channel) txCommit() error {
 			return errShutdown()
 		}
 	}
+	if len(trims) > 0 {
+		// drop-head queues are trimmed before commit-ok, as after a publish
+		// the channel's later methods see the queue trimmed.
+		var wg sync.WaitGroup
+		wg.Add(len(trims))
+		for _, q := range trims {
+			ch.c.srv.requestTrim(q, wg.Done)
+		}
+		wg.Wait()
+	}
 	ch.settleRejects(tx.settles, tx.requeue, tx.reject)
+	if refused {
+		// RabbitMQ: a queue refused a copy, so the commit did not complete
+		// (what fit is stored, the settlements are applied).
+		return wire.PreconditionFailed("partial tx completion")
+	}
 	ch.send(&wire.TxCommitOk{})
 	return nil
+}
+
+// txLimit is what a transactional copy into a length-limited queue needs
+// at the commit: the queue, and the message for reject-publish-dlx.
+type txLimit struct {
+	q             *queue
+	exchange, key string
+	props         *wire.Properties
+	body          []byte
+}
+
+// applyTxLimits applies the length limits of the queues a transaction's
+// copies go to, in publish order, as RabbitMQ enqueues them at the commit:
+// reject-publish drops a copy that would take its queue over the limit
+// (there are no confirms in a transaction), reject-publish-dlx
+// dead-letters it (and the commit then fails, refused); drop-head queues
+// are returned to be trimmed once the copies are stored. It returns the
+// copies to store.
+func (ch *channel) applyTxLimits(tx *txState) (out []pubCopy, trims []*queue, refused bool, err error) {
+	length := map[*queue]int64{}
+	out = tx.msgs[:0]
+	for i, cp := range tx.msgs {
+		lim := tx.limits[i]
+		if lim == nil {
+			out = append(out, cp)
+			continue
+		}
+		q := lim.q
+		if q.overflow == "drop-head" {
+			if !slices.Contains(trims, q) {
+				trims = append(trims, q)
+			}
+			out = append(out, cp)
+			continue
+		}
+		n, ok := length[q]
+		if !ok {
+			l, known, err := ch.queueLength(q)
+			if err != nil {
+				return nil, nil, false, err
+			}
+			if !known {
+				l = -1 << 62 // KubeMQ cannot count it: nothing is refused
+			}
+			n = l
+		}
+		if n+1 > q.maxLen {
+			refused = true
+			if q.overflow == "reject-publish-dlx" {
+				ch.c.srv.deadLetterRefused(q, lim.exchange, lim.key, lim.props, lim.body)
+			}
+			length[q] = n
+			continue
+		}
+		length[q] = n + 1
+		out = append(out, cp)
+	}
+	return out, trims, refused, nil
 }
 
 func (ch *channel) txRollback() error {

@@ -249,7 +249,9 @@ func (s *Server) holdDelayed(ctx context.Context, vh *vhost, x, ch string) {
 	defer h.Close()
 	got := make(chan []*delivery.Delivery)
 	fetchErr := make(chan error, 1)
+	s.wg.Add(1)
 	go func() {
+		defer s.wg.Done()
 		for {
 			ds, err := h.Fetch(ctx, delayFetch)
 			if err != nil {
@@ -288,7 +290,8 @@ func (s *Server) holdDelayed(ctx context.Context, vh *vhost, x, ch string) {
 			if ctx.Err() == nil && !errors.Is(err, delivery.ErrClosed) {
 				s.log.Warn("delayed exchange: fetch failed", zap.String("exchange", x), zap.Error(err))
 				s.delays.mu.Lock()
-				if s.delays.running[ch] != nil {
+				if cancel := s.delays.running[ch]; cancel != nil {
+					cancel()
 					delete(s.delays.running, ch)
 				}
 				s.delays.mu.Unlock()

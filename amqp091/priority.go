@@ -140,6 +140,17 @@ func (q *queue) closeLevels() {
 	}
 }
 
+// dropLevel forgets h, q's handle on level p, which can no longer fetch.
+func (q *queue) dropLevel(p int, h *delivery.Handle) {
+	lv := q.prio
+	lv.mu.Lock()
+	if lv.handles[p] == h {
+		delete(lv.handles, p)
+	}
+	lv.mu.Unlock()
+	h.Close()
+}
+
 // via returns the handle that holds d's lease: h (q's level-0 handle the
 // caller has), or the handle of the level d came from.
 func (q *queue) via(h *delivery.Handle, d *delivery.Delivery) *delivery.Handle {
@@ -307,16 +318,18 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 	woke := make(chan int, q.maxPriority+1)
 	var watchers sync.WaitGroup
 	defer watchers.Wait()
+	wctx, wcancel := context.WithCancel(d.ctx)
+	defer wcancel() // before the Wait: the watchers end with it
 	watch := func(l *level) {
 		l.empty = true
 		watchers.Add(1)
 		go func() {
 			defer watchers.Done()
-			ds, err := l.h.Fetch(d.ctx, 1)
+			ds, err := l.h.Fetch(wctx, 1)
 			if err == nil {
 				l.h.Unfetch(ds...)
 			}
-			if d.ctx.Err() == nil {
+			if wctx.Err() == nil {
 				woke <- l.p
 			}
 		}()
@@ -347,13 +360,18 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		}
 		slices.SortFunc(order, func(a, b *level) int { return b.p - a.p })
 	}
+	wake := func(p int) {
+		if l := lv[p]; l != nil {
+			l.empty = false
+		}
+	}
 	scan()
 	for {
 		// Levels whose watcher saw a message are asked again.
 		for drained := false; !drained; {
 			select {
 			case p := <-woke:
-				lv[p].empty = false
+				wake(p)
 			default:
 				drained = true
 			}
@@ -368,7 +386,7 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 			select {
 			case <-d.kick:
 			case p := <-woke:
-				lv[p].empty = false
+				wake(p)
 			case <-d.ctx.Done():
 				return
 			}
@@ -382,6 +400,15 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 			q.waitPeek(d.ctx)
 			gen := q.reap.peeks.Load()
 			ds, err := l.h.TryFetch(d.ctx, credit)
+			if err != nil && l.p > 0 && d.ctx.Err() == nil && errors.Is(err, delivery.ErrClosed) {
+				// The level's engine consumer closed (its hold lapsed): taken
+				// again by the next scan.
+				q.dropLevel(l.p, l.h)
+				delete(lv, l.p)
+				order = slices.DeleteFunc(order, func(x *level) bool { return x == l })
+				served = true
+				break
+			}
 			if err != nil {
 				if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
 					return
@@ -419,7 +446,7 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		select {
 		case <-d.kick:
 		case p := <-woke:
-			lv[p].empty = false
+			wake(p)
 		case <-q.prio.note:
 			scan()
 		case <-wait.C:

@@ -16,7 +16,11 @@
 // Every AMQP queue q of virtual host v is the KubeMQ queue channel
 // kubemqclient.Channel("amqp", v, q), with v "/" spelled "default"; a name
 // deleted after use and declared again takes a new incarnation with a
-// channel of its own (queueChannel in topology.go). The
+// channel of its own (queueChannel in topology.go). A priority queue
+// (x-max-priority) keeps each used level p > 0 in a channel of its own with
+// one more token "p<p>" (priority.go); an x-delayed-message exchange holds
+// its delayed messages in the queue channel of the exchange's name with one
+// more token "delayed" (delayed.go). The
 // message mapping is documented in message.go; behaviour follows RabbitMQ
 // 3.10 (reply codes and texts included), with the differences listed in
 // README.md.

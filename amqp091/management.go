@@ -29,35 +29,80 @@ import (
 // Every user of amqp.users is an administrator here (no tags or permissions to keep).
 
 // ManagementHandler serves the management API (amqp.management_listen).
-func (s *Server) ManagementHandler() http.Handler {
-	mux := http.NewServeMux()
-	get := func(pattern string, h func(w http.ResponseWriter, r *http.Request, user string)) {
-		mux.Handle("GET "+pattern, s.mgmtAuth(h))
+func (s *Server) ManagementHandler() http.Handler { return s.mgmtAuth(s.route) }
+
+// apiPath is a request's path, its segments unescaped one by one: "%2F" names the vhost "/"
+// within one segment, as the API's clients send it.
+type apiPath struct {
+	user string
+	seg  []string // after "api"
+	// vhost and name, when the route has them (hasVhost, hasName).
+	vhost, name       string
+	hasVhost, hasName bool
+}
+
+// route dispatches on the path's segments and the method.
+func (s *Server) route(w http.ResponseWriter, r *http.Request, user string) {
+	raw := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
+	if len(raw) < 2 || raw[0] != "api" {
+		notFound(w)
+		return
 	}
-	del := func(pattern string, h func(w http.ResponseWriter, r *http.Request, user string)) {
-		mux.Handle("DELETE "+pattern, s.mgmtAuth(h))
+	p := apiPath{user: user}
+	for _, x := range raw[1:] {
+		u, err := url.PathUnescape(x)
+		if err != nil {
+			notFound(w)
+			return
+		}
+		p.seg = append(p.seg, u)
 	}
-	get("/api/overview", s.apiOverview)
-	get("/api/whoami", func(w http.ResponseWriter, r *http.Request, user string) {
-		writeJSON(w, http.StatusOK, map[string]any{"name": user, "tags": []string{"administrator"}})
-	})
-	get("/api/vhosts", s.apiVhosts)
-	get("/api/vhosts/{vhost}", s.apiVhosts)
-	get("/api/queues", s.apiQueues)
-	get("/api/queues/{vhost}", s.apiQueues)
-	get("/api/queues/{vhost}/{name}", s.apiQueues)
-	del("/api/queues/{vhost}/{name}", s.apiDeleteQueue)
-	del("/api/queues/{vhost}/{name}/contents", s.apiPurgeQueue)
-	get("/api/exchanges", s.apiExchanges)
-	get("/api/exchanges/{vhost}", s.apiExchanges)
-	get("/api/exchanges/{vhost}/{name}", s.apiExchanges)
-	get("/api/bindings", s.apiBindings)
-	get("/api/bindings/{vhost}", s.apiBindings)
-	get("/api/connections", s.apiConnections)
-	get("/api/channels", s.apiChannels)
-	get("/api/aliveness-test/{vhost}", s.apiAliveness)
-	mux.Handle("/", s.mgmtAuth(func(w http.ResponseWriter, r *http.Request, _ string) { notFound(w) }))
-	return mux
+	if len(p.seg) >= 2 {
+		p.vhost, p.hasVhost = p.seg[1], true
+	}
+	if len(p.seg) >= 3 {
+		p.name, p.hasName = p.seg[2], true
+	}
+	type h func(http.ResponseWriter, *http.Request, apiPath)
+	var get, del h
+	switch n := len(p.seg); {
+	case n == 1 && p.seg[0] == "overview":
+		get = s.apiOverview
+	case n == 1 && p.seg[0] == "whoami":
+		get = func(w http.ResponseWriter, r *http.Request, p apiPath) {
+			writeJSON(w, http.StatusOK, map[string]any{"name": p.user, "tags": []string{"administrator"}})
+		}
+	case n <= 2 && p.seg[0] == "vhosts":
+		get = s.apiVhosts
+	case n <= 3 && p.seg[0] == "queues":
+		get = s.apiQueues
+		if n == 3 {
+			del = s.apiDeleteQueue
+		}
+	case n == 4 && p.seg[0] == "queues" && p.seg[3] == "contents":
+		del = s.apiPurgeQueue
+	case n <= 3 && p.seg[0] == "exchanges":
+		get = s.apiExchanges
+	case n <= 2 && p.seg[0] == "bindings":
+		get = s.apiBindings
+	case n == 1 && p.seg[0] == "connections":
+		get = s.apiConnections
+	case n == 1 && p.seg[0] == "channels":
+		get = s.apiChannels
+	case n == 2 && p.seg[0] == "aliveness-test":
+		get = s.apiAliveness
+	default:
+		notFound(w)
+		return
+	}
+	switch {
+	case (r.Method == http.MethodGet || r.Method == http.MethodHead) && get != nil:
+		get(w, r, p)
+	case r.Method == http.MethodDelete && del != nil:
+		del(w, r, p)
+	default:
+		w.WriteHeader(http.StatusMethodNotAllowed) // as RabbitMQ: no body
+	}
 }
 
 // mgmtAuth checks HTTP basic credentials as AMQP logins are checked: against amqp.users, or,
@@ -202,11 +247,11 @@ func (s *Server) vhostNames() []string {
 
 // apiVhost reads the {vhost} path value: v nil when the route has none; ok false (404 sent)
 // when it names no virtual host.
-func (s *Server) apiVhost(w http.ResponseWriter, r *http.Request) (name string, v *vhost, ok bool) {
-	if !strings.Contains(r.Pattern, "{vhost}") {
+func (s *Server) apiVhost(w http.ResponseWriter, p apiPath) (name string, v *vhost, ok bool) {
+	if !p.hasVhost {
 		return "", nil, true
 	}
-	v, ok = s.vhostByName(r.PathValue("vhost"))
+	v, ok = s.vhostByName(p.vhost)
 	if !ok {
 		notFound(w)
 		return "", nil, false
@@ -250,7 +295,7 @@ type apiQueue struct {
 	MessagesReadyDetails          rate           `json:"messages_ready_details"`
 	MessagesUnacknowledged        int64          `json:"messages_unacknowledged"`
 	MessagesUnacknowledgedDetails rate           `json:"messages_unacknowledged_details"`
-	MessageStats                  messageStats   `json:"message_stats"`
+	MessageStats                  *messageStats  `json:"message_stats,omitempty"` // absent until the queue has traffic, as in RabbitMQ
 	// KubeMQ's side, beyond RabbitMQ's fields.
 	KubeMQChannel        string  `json:"kubemq_channel"`
 	OldestUnackedSeconds float64 `json:"oldest_unacked_age_seconds"`
@@ -260,15 +305,19 @@ func (s *Server) apiQueueOf(st QueueStats, node string, now time.Time) apiQueue 
 	key := st.Vhost + "\x00" + st.Name + "\x00" + st.Channel
 	ready := max(st.Ready, 0) // unknown (KubeMQ did not answer) shows as 0, as RabbitMQ shows a queue it cannot count
 	unacked := int64(st.Unacked)
-	return apiQueue{
+	q := apiQueue{
 		Name: st.Name, Vhost: st.Vhost, Durable: st.Durable, AutoDelete: st.AutoDelete, Exclusive: st.Exclusive,
 		Arguments: jsonTable(st.Arguments), Type: "classic", State: "running", Node: node, Consumers: st.Consumers,
 		Messages: ready + unacked, MessagesDetails: s.rates.rate(key+"\x00messages", float64(ready+unacked), now),
 		MessagesReady: ready, MessagesReadyDetails: s.rates.rate(key+"\x00ready", float64(ready), now),
 		MessagesUnacknowledged: unacked, MessagesUnacknowledgedDetails: s.rates.rate(key+"\x00unacked", float64(unacked), now),
-		MessageStats:  s.messageStats(key, st.Published, st.Delivered, st.Acked, now),
 		KubeMQChannel: st.Channel, OldestUnackedSeconds: st.OldestUnacked.Seconds(),
 	}
+	if st.Published+st.Delivered+st.Acked > 0 {
+		ms := s.messageStats(key, st.Published, st.Delivered, st.Acked, now)
+		q.MessageStats = &ms
+	}
+	return q
 }
 
 // queueStatsIn returns QueueStats of the queues of vhost (display name; "" = all). A KubeMQ
@@ -288,15 +337,15 @@ func (s *Server) queueStatsIn(ctx context.Context, vhost string) []QueueStats {
 	return out
 }
 
-func (s *Server) apiQueues(w http.ResponseWriter, r *http.Request, _ string) {
-	vname, _, ok := s.apiVhost(w, r)
+func (s *Server) apiQueues(w http.ResponseWriter, r *http.Request, p apiPath) {
+	vname, _, ok := s.apiVhost(w, p)
 	if !ok {
 		return
 	}
 	now, node := time.Now(), mgmtNode()
 	stats := s.queueStatsIn(r.Context(), vname)
-	if hasName(r) {
-		name := r.PathValue("name")
+	if p.hasName {
+		name := p.name
 		for _, st := range stats {
 			if st.Name == name {
 				writeJSON(w, http.StatusOK, s.apiQueueOf(st, node, now))
@@ -313,15 +362,13 @@ func (s *Server) apiQueues(w http.ResponseWriter, r *http.Request, _ string) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func hasName(r *http.Request) bool { return strings.Contains(r.Pattern, "{name}") }
-
 // apiQueueFor resolves {vhost}/{name} to a queue, or answers 404.
-func (s *Server) apiQueueFor(w http.ResponseWriter, r *http.Request) *queue {
-	_, v, ok := s.apiVhost(w, r)
+func (s *Server) apiQueueFor(w http.ResponseWriter, p apiPath) *queue {
+	_, v, ok := s.apiVhost(w, p)
 	if !ok {
 		return nil
 	}
-	q := v.lookupQueue(r.PathValue("name"))
+	q := v.lookupQueue(p.name)
 	if q == nil || q.isDeleted() {
 		notFound(w)
 		return nil
@@ -331,8 +378,8 @@ func (s *Server) apiQueueFor(w http.ResponseWriter, r *http.Request) *queue {
 
 // apiDeleteQueue is DELETE /api/queues/{vhost}/{name}[?if-empty=true][&if-unused=true]: 204,
 // or 400 when a condition fails, as RabbitMQ answers.
-func (s *Server) apiDeleteQueue(w http.ResponseWriter, r *http.Request, _ string) {
-	q := s.apiQueueFor(w, r)
+func (s *Server) apiDeleteQueue(w http.ResponseWriter, r *http.Request, p apiPath) {
+	q := s.apiQueueFor(w, p)
 	if q == nil {
 		return
 	}
@@ -375,8 +422,8 @@ func (s *Server) apiDeleteQueue(w http.ResponseWriter, r *http.Request, _ string
 
 // apiPurgeQueue is DELETE /api/queues/{vhost}/{name}/contents: the ready messages go (as
 // queue.purge), 204.
-func (s *Server) apiPurgeQueue(w http.ResponseWriter, r *http.Request, _ string) {
-	q := s.apiQueueFor(w, r)
+func (s *Server) apiPurgeQueue(w http.ResponseWriter, r *http.Request, p apiPath) {
+	q := s.apiQueueFor(w, p)
 	if q == nil {
 		return
 	}
@@ -406,8 +453,8 @@ type apiExchange struct {
 	Arguments  map[string]any `json:"arguments"`
 }
 
-func (s *Server) apiExchanges(w http.ResponseWriter, r *http.Request, _ string) {
-	vname, v, ok := s.apiVhost(w, r)
+func (s *Server) apiExchanges(w http.ResponseWriter, r *http.Request, p apiPath) {
+	vname, v, ok := s.apiVhost(w, p)
 	if !ok {
 		return
 	}
@@ -428,8 +475,8 @@ func (s *Server) apiExchanges(w http.ResponseWriter, r *http.Request, _ string) 
 				AutoDelete: x.AutoDelete, Internal: x.Internal, Arguments: jsonTable(x.Args)})
 		}
 	}
-	if hasName(r) {
-		name := r.PathValue("name")
+	if p.hasName {
+		name := p.name
 		if name == "amq.default" { // how the API names the default exchange in a path
 			name = ""
 		}
@@ -472,8 +519,8 @@ func propertiesKey(b routing.Binding) string {
 	return k + "~" + base64.RawURLEncoding.EncodeToString(sum[:12])
 }
 
-func (s *Server) apiBindings(w http.ResponseWriter, r *http.Request, _ string) {
-	_, v, ok := s.apiVhost(w, r)
+func (s *Server) apiBindings(w http.ResponseWriter, r *http.Request, p apiPath) {
+	_, v, ok := s.apiVhost(w, p)
 	if !ok {
 		return
 	}
@@ -547,7 +594,7 @@ func hostPort(a net.Addr) (string, int) {
 	return host, p
 }
 
-func (s *Server) apiConnections(w http.ResponseWriter, r *http.Request, _ string) {
+func (s *Server) apiConnections(w http.ResponseWriter, r *http.Request, p apiPath) {
 	node := mgmtNode()
 	out := []map[string]any{}
 	for _, c := range s.openConns() {
@@ -568,7 +615,7 @@ func (s *Server) apiConnections(w http.ResponseWriter, r *http.Request, _ string
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) apiChannels(w http.ResponseWriter, r *http.Request, _ string) {
+func (s *Server) apiChannels(w http.ResponseWriter, r *http.Request, p apiPath) {
 	node := mgmtNode()
 	out := []map[string]any{}
 	for _, c := range s.openConns() {
@@ -598,8 +645,8 @@ func (s *Server) apiChannels(w http.ResponseWriter, r *http.Request, _ string) {
 }
 
 // apiVhosts is GET /api/vhosts[/{vhost}], with each one's message totals.
-func (s *Server) apiVhosts(w http.ResponseWriter, r *http.Request, _ string) {
-	vname, _, ok := s.apiVhost(w, r)
+func (s *Server) apiVhosts(w http.ResponseWriter, r *http.Request, p apiPath) {
+	vname, _, ok := s.apiVhost(w, p)
 	if !ok {
 		return
 	}
@@ -637,7 +684,7 @@ func (s *Server) apiVhosts(w http.ResponseWriter, r *http.Request, _ string) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) apiOverview(w http.ResponseWriter, r *http.Request, _ string) {
+func (s *Server) apiOverview(w http.ResponseWriter, r *http.Request, p apiPath) {
 	now, node := time.Now(), mgmtNode()
 	stats, _ := s.QueueStats(r.Context())
 	var ready, unacked int64
@@ -693,8 +740,8 @@ func (s *Server) apiOverview(w http.ResponseWriter, r *http.Request, _ string) {
 // (KubeMQ answers its health pings, the registry is replayed) and KubeMQ answers a QueuesInfo
 // call now; otherwise 503 with the reason. RabbitMQ publishes and gets a message on a queue
 // of the vhost instead; here the store behind every queue is what is checked.
-func (s *Server) apiAliveness(w http.ResponseWriter, r *http.Request, _ string) {
-	if _, _, ok := s.apiVhost(w, r); !ok {
+func (s *Server) apiAliveness(w http.ResponseWriter, r *http.Request, p apiPath) {
+	if _, _, ok := s.apiVhost(w, p); !ok {
 		return
 	}
 	if s.opts.Ready != nil {

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"cmp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,6 +97,7 @@ func (m *metrics) rpc(fullMethod string, c codes.Code) {
 type labelSet struct {
 	mu   sync.Mutex
 	seen map[string]struct{}
+	max  int // 0: maxLabelValues (tests lower it)
 }
 
 func (l *labelSet) label(id string) string {
@@ -104,7 +106,7 @@ func (l *labelSet) label(id string) string {
 	if _, ok := l.seen[id]; ok {
 		return id
 	}
-	if len(l.seen) >= maxLabelValues {
+	if n := cmp.Or(l.max, maxLabelValues); len(l.seen) >= n {
 		return otherLabel
 	}
 	l.seen[id] = struct{}{}

@@ -68,7 +68,7 @@ type Stats struct {
 	// OldestOut is the earliest time KubeMQ stored a message handed out and not yet settled
 	// (zero when none is out or none has a known store time): the oldest unacked message's age
 	// is the time since.
-	OldestOut time.Time
+	OldestOut time.Time `json:",omitzero"`
 
 	Gets             uint64 // downstream Gets
 	Received         uint64 // data messages received (after deduplication)

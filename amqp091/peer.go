@@ -293,6 +293,7 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
 	l.q.delivered(len(d.Body))
+	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return true
 }
@@ -498,6 +499,7 @@ func (l *peerLink) get() error {
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
 	l.q.delivered(len(d.Body))
+	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return nil
 }

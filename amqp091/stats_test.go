@@ -241,3 +241,62 @@ func BenchmarkQueueStats(b *testing.B) {
 		}
 	}
 }
+
+// With two replicas, each reports what it holds: the owner of a queue's lease engine has all
+// its unacked messages, those delivered to a consumer on the other replica included, and
+// observes their delivery latency; the other replica reports none; both see KubeMQ's backlog.
+func TestQueueBacklogMetricsTwoReplicas(t *testing.T) {
+	first := newEnv(t)
+	first.stopFn()
+	clusterChan, secret := "amqptest.cluster."+randHex(4), "s-"+randHex(8)
+	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
+	a := startReplica(t, first, "ra", clusterChan, secret, metricsEnv(regA))
+	b := startReplica(t, first, "rb", clusterChan, secret, metricsEnv(regB))
+	rs := []*replica{a, b}
+	cha := a.channel(a.dial())
+	if _, err := cha.QueueDeclare("mr.q", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cha.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	da, err := cha.Consume("mr.q", "ca", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, "mr.q") != a {
+		t.Fatal("a should hold the queue")
+	}
+	chb := b.channel(b.dial())
+	if err := chb.Qos(2, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	db, err := chb.Consume("mr.q", "cb", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, a.channel(a.dial()), "mr.q", 0, 10)
+	mustRecv(t, da, "delivery on a")
+	mustRecv(t, db, "delivery on b")
+	mustRecv(t, db, "delivery on b")
+
+	const ns = "kubemq_proxy_amqp_"
+	l := map[string]string{"vhost": a.vhost, "queue": "mr.q"}
+	until(t, func() string {
+		ua, _ := series(t, regA, ns+"queue_messages_unacked", l)
+		ub, okb := series(t, regB, ns+"queue_messages_unacked", l)
+		ra, _ := series(t, regA, ns+"queue_messages_ready", l)
+		rb, _ := series(t, regB, ns+"queue_messages_ready", l)
+		cb, _ := series(t, regB, ns+"queue_consumers", l)
+		if ua != 3 || ub != 0 || !okb || ra != 7 || rb > 7 || cb != 1 {
+			return fmt.Sprintf("unacked a %v b %v (present %v), ready a %v b %v, consumers on b %v", ua, ub, okb, ra, rb, cb)
+		}
+		return ""
+	})
+	if got, _ := series(t, regA, ns+"delivery_latency_seconds", nil); got != 3 {
+		t.Errorf("owner observed %v delivery latencies, want 3 (its own and the two it forwarded)", got)
+	}
+	if got, _ := series(t, regB, ns+"delivery_latency_seconds", nil); got != 0 {
+		t.Errorf("the forwarding replica observed %v delivery latencies, want 0", got)
+	}
+}

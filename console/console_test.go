@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,12 +61,46 @@ func TestConsolePages(t *testing.T) {
 			t.Errorf("GET %s: no Content-Security-Policy", c.path)
 		}
 	}
-	// The queue's row shows its figures: 3 messages, published by the client whose
-	// connection is listed.
-	_, body, _ := do(t, "GET", f.base+"/console/amqp", nil)
-	if i := strings.Index(body, `data-queue="`+escaped+`"`); i < 0 {
-		t.Errorf("no row for the queue (attribute escaped as %q)", `data-queue="`+escaped+`"`)
+	// The queue's and the subscription's rows show the backlog figures GET /state reports for
+	// them ("—" for a figure it does not report).
+	_, stateBody, _ := do(t, "GET", f.base+"/state", nil)
+	var state struct {
+		Frontends struct {
+			AMQP struct {
+				Vhosts []struct {
+					Queues []map[string]any `json:"queues"`
+				} `json:"vhosts"`
+			} `json:"amqp"`
+			GCP struct {
+				Subscriptions []map[string]any `json:"subscriptions"`
+			} `json:"gcp"`
+		} `json:"frontends"`
 	}
+	if err := json.Unmarshal([]byte(stateBody), &state); err != nil {
+		t.Fatal(err)
+	}
+	var queueState, subState map[string]any
+	for _, v := range state.Frontends.AMQP.Vhosts {
+		for _, q := range v.Queues {
+			if q["name"] == f.queue {
+				queueState = q
+			}
+		}
+	}
+	for _, s := range state.Frontends.GCP.Subscriptions {
+		if s["id"] == f.sub {
+			subState = s
+		}
+	}
+	if queueState == nil || subState == nil {
+		t.Fatalf("GET /state has no queue %q or subscription %q: %s", f.queue, f.sub, stateBody)
+	}
+	_, body, _ := do(t, "GET", f.base+"/console/amqp", nil)
+	checkFigures(t, "queue", rowCells(t, body, `data-queue="`+escaped+`"`), queueState,
+		"messages_ready", "messages_unacknowledged", "oldest_unacked_age_seconds")
+	_, body, _ = do(t, "GET", f.base+"/console/pubsub", nil)
+	checkFigures(t, "subscription", rowCells(t, body, `data-subscription="`+f.sub+`"`), subState,
+		"messages_ready", "messages_unacked", "oldest_unacked_message_age_seconds", "consumers")
 
 	code, body, _ = do(t, "GET", f.base+"/console/api/rates", nil)
 	var rates struct {
@@ -259,4 +294,45 @@ func TestConsoleAuth(t *testing.T) {
 	if code, _, _ := do(t, "GET", base+"/console/", nil, "Authorization", "Bearer s3cret", "Host", "proxy.example"); code != 200 {
 		t.Errorf("page under a host name with the token = %d, want 200", code)
 	}
+}
+
+// rowCells returns the numeric cells of the table row whose tag holds attr.
+func rowCells(t *testing.T, page, attr string) []string {
+	t.Helper()
+	i := strings.Index(page, attr)
+	if i < 0 {
+		t.Fatalf("no row with %s", attr)
+	}
+	row := page[i:]
+	row = row[:strings.Index(row, "</tr>")]
+	var cells []string
+	for {
+		j := strings.Index(row, `<td class="num">`)
+		if j < 0 {
+			return cells
+		}
+		row = row[j+len(`<td class="num">`):]
+		cells = append(cells, row[:strings.Index(row, "</td>")])
+	}
+}
+
+// checkFigures compares the first cells of a row with the /state fields named, in order.
+func checkFigures(t *testing.T, what string, cells []string, state map[string]any, fields ...string) {
+	t.Helper()
+	if len(cells) < len(fields) {
+		t.Fatalf("%s row has %d numeric cells: %q", what, len(cells), cells)
+	}
+	for i, k := range fields {
+		want := "—"
+		if v, ok := state[k].(float64); ok {
+			want = strconv.FormatFloat(v, 'f', -1, 64)
+			if strings.Contains(k, "seconds") {
+				want = strconv.FormatFloat(v, 'f', 1, 64)
+			}
+		}
+		if cells[i] != want {
+			t.Errorf("%s row: %s shows %q, /state has %q", what, k, cells[i], want)
+		}
+	}
+	t.Logf("%s figures %q (from %v)", what, cells[:len(fields)], fields)
 }

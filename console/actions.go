@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
 // maxActionBody bounds an action request (a test message's body is part of it).
@@ -239,8 +241,8 @@ func (c *Console) run(ctx context.Context, name string, r *http.Request) (action
 func subName(id string) string { return "projects/" + consoleProject + "/subscriptions/" + id }
 
 // peek looks at the first ready messages of the KubeMQ queue behind an AMQP queue or a
-// subscription without consuming them. Messages leased to consumers are not ready and not
-// shown. The call takes about a second when fewer than n messages wait (KubeMQ answers a
+// subscription without consuming them. Messages the lease engine took (buffered, or leased to
+// consumers) are not in KubeMQ's ready set and not shown; its lease records are left out. The call takes about a second when fewer than n messages wait (KubeMQ answers a
 // pull when it has n or its wait is over).
 func (c *Console) peek(ctx context.Context, kind, vhost, name string, n int) (actionResult, error) {
 	if c.o.Client == nil {
@@ -255,7 +257,12 @@ func (c *Console) peek(ctx context.Context, kind, vhost, name string, n int) (ac
 		return actionResult{}, err
 	}
 	out := actionResult{Messages: []peeked{}}
+	internal := 0
 	for _, m := range res.Messages {
+		if leaseEngineMessage(m.Tags) {
+			internal++
+			continue
+		}
 		p := peeked{ID: m.MessageID, Sequence: m.Attributes.Sequence, Timestamp: m.Attributes.Timestamp,
 			ReceiveCount: m.Attributes.ReceiveCount, Tags: m.Tags, Size: len(m.Body)}
 		body := m.Body
@@ -279,5 +286,17 @@ func (c *Console) peek(ctx context.Context, kind, vhost, name string, n int) (ac
 		return 0
 	})
 	out.Message = fmt.Sprintf("%d ready messages seen in KubeMQ queue %s (not consumed)", len(out.Messages), ch)
+	if internal > 0 {
+		out.Message += fmt.Sprintf("; %d lease records of the lease engine not shown", internal)
+	}
 	return out, nil
+}
+
+// leaseEngineMessage reports whether a KubeMQ message is one of the lease engine's own (a
+// lease record or sentinel), not a client's; a client's message the engine re-enqueued keeps
+// its _kmqp_ attempt tags and is shown.
+func leaseEngineMessage(tags map[string]string) bool {
+	_, record := tags[delivery.TagRecord]
+	_, sentinel := tags[delivery.TagSentinel]
+	return record || sentinel
 }

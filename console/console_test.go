@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
 	"github.com/kubemq-io/kubemq-proxy/proxy"
@@ -335,4 +336,54 @@ func checkFigures(t *testing.T, what string, cells []string, state map[string]an
 		}
 	}
 	t.Logf("%s figures %q (from %v)", what, cells[:len(fields)], fields)
+}
+
+// A test message published from the console meets the queues' length limits as a client's
+// would: a full reject-publish queue refuses it, a drop-head queue drops its oldest.
+func TestConsolePublishLimits(t *testing.T) {
+	f := newFixture(t, nil)
+	reject, drop := unique("console-reject"), unique("console-drop")
+	for _, q := range []struct {
+		name, overflow string
+	}{{reject, "reject-publish"}, {drop, "drop-head"}} {
+		if _, err := f.ch.QueueDeclare(q.name, false, false, false, false, amqp.Table{"x-max-length": int32(1), "x-overflow": q.overflow}); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.ch.QueueBind(q.name, "limits", f.exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	form := url.Values{"vhost": {"/"}, "exchange": {f.exchange}, "routing_key": {"limits"}, "body": {"first"}}
+	if code, r := act(t, f.base, "amqp-publish", form); code != 200 || !strings.Contains(r.Message, "stored in 2 queues") {
+		t.Fatalf("first publish = %d %+v", code, r)
+	}
+	form.Set("body", "second")
+	if code, r := act(t, f.base, "amqp-publish", form); code != 200 || !strings.Contains(r.Message, "stored in 1 queues, refused by 1 full queues") {
+		t.Fatalf("second publish = %d %+v", code, r)
+	}
+	// The drop-head trim goes through the lease engine, so a client reads what is left.
+	want := map[string]string{reject: "first", drop: "second"}
+	for q, body := range want {
+		deadline := time.Now().Add(30 * time.Second)
+		var got []string
+		for len(got) == 0 {
+			m, ok, err := f.ch.Get(q, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				got = append(got, string(m.Body))
+			} else if time.Now().After(deadline) {
+				t.Fatalf("queue %s: nothing to get", q)
+			} else {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		if m, ok, err := f.ch.Get(q, true); ok || err != nil {
+			got = append(got, string(m.Body))
+		}
+		if len(got) != 1 || got[0] != body {
+			t.Errorf("queue %s holds %q, want only %q", q, got, body)
+		}
+	}
 }

@@ -195,8 +195,8 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatalf("publish through the UI: %q", result)
 	}
 	shot(t, ctx, "pubsub-action")
-	found := false
-	for !found {
+	found, acked := false, 0
+	for !found || acked < 22 { // 1 + 20 published by the client, 1 through the page
 		resp, err := f.ps.SubscriptionAdminClient.Pull(pctx, &pubsubpb.PullRequest{Subscription: "projects/console-test/subscriptions/" + f.sub, MaxMessages: 100})
 		if err != nil {
 			t.Fatalf("pulling for the message published in the browser: %v", err)
@@ -207,8 +207,18 @@ func TestConsoleBrowser(t *testing.T) {
 			found = found || string(m.GetMessage().GetData()) == "typed in the browser"
 		}
 		if len(ids) > 0 {
-			f.ps.SubscriptionAdminClient.Acknowledge(pctx, &pubsubpb.AcknowledgeRequest{Subscription: "projects/console-test/subscriptions/" + f.sub, AckIds: ids})
+			acked += len(ids)
+			if err := f.ps.SubscriptionAdminClient.Acknowledge(pctx, &pubsubpb.AcknowledgeRequest{Subscription: "projects/console-test/subscriptions/" + f.sub, AckIds: ids}); err != nil {
+				t.Fatal(err)
+			}
 		}
+	}
+
+	// The pulls and acks show in the overview's live totals.
+	if err := chromedp.Do(ctx, chromedp.Navigate(f.base+"/console/"), chromedp.WaitVisible("#rates"),
+		ignore(chromedp.Poll[bool](`Number(document.querySelector("#total-pubsub_delivered").textContent) >= 22 &&
+			Number(document.querySelector("#total-pubsub_acked").textContent) >= 22`, chromedp.WithPollingTimeout(30*time.Second)))); err != nil {
+		t.Errorf("delivered and acked totals did not reach 22: %v", err)
 	}
 
 	// The lease engine page lists the subscription's queue now that it was pulled.

@@ -36,7 +36,8 @@ func TestConsolePages(t *testing.T) {
 		path string
 		want []string
 	}{
-		{"/console/", []string{"<h1>Overview</h1>", "<h2>KubeMQ backend</h2>", "<h2>Message rates</h2>", `id="rate-pubsub_published"`, `id="rate-amqp_published"`, "<h2>Summary</h2>"}},
+		{"/console/", []string{"<h1>Overview</h1>", "<h2>KubeMQ backend</h2>", "<h2>Message rates</h2>", "<h2>Summary</h2>",
+			`id="rate-pubsub_published"`, `id="rate-pubsub_delivered"`, `id="rate-pubsub_acked"`, `id="rate-amqp_published"`, `id="rate-amqp_delivered"`, `id="rate-amqp_acked"`}},
 		{"/console/pubsub", []string{"<h1>Pub/Sub</h1>", "<h2>Topics</h2>", "<h2>Subscriptions</h2>", `data-topic="` + f.topic + `"`, `data-subscription="` + f.sub + `"`}},
 		{"/console/amqp", []string{"<h1>AMQP 0-9-1</h1>", "<h2>Virtual hosts</h2>", "<h2>Queues</h2>", "<h2>Exchanges</h2>", "<h2>Bindings</h2>", "<h2>Connections and channels</h2>",
 			`data-exchange="` + f.exchange + `"`, escaped, "console-test"}},
@@ -111,8 +112,8 @@ func TestConsolePages(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &rates); code != 200 || err != nil {
 		t.Fatalf("GET /console/api/rates = %d %q: %v", code, body, err)
 	}
-	if rates.Counters["pubsub_published"] < 3 || rates.Counters["amqp_published"] < 3 || rates.TimeMillis == 0 {
-		t.Errorf("rates = %+v, want at least 3 published per protocol", rates)
+	if rates.Counters["pubsub_published"] < 3 || rates.Counters["amqp_published"] < 3 || rates.TimeMillis == 0 || len(rates.Counters) != 6 {
+		t.Errorf("rates = %+v, want six counters and at least 3 published per protocol", rates)
 	}
 }
 

@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -27,16 +28,21 @@ type rateRow struct {
 	Total      float64
 }
 
-// counters sums each family of rateCounters over its label values; families the registry does
-// not have (a front-end not running) are left out.
+// counters sums each family of rateCounters over its label values, for the front-ends that
+// run (a labelled family has no series until its first count: 0 then).
 func (c *Console) counters() map[string]float64 {
 	out := map[string]float64{}
+	ps, aq := c.frontends()
+	for _, rc := range rateCounters {
+		if strings.HasPrefix(rc.Key, "pubsub_") && ps != nil || strings.HasPrefix(rc.Key, "amqp_") && aq != nil {
+			out[rc.Key] = 0
+		}
+	}
 	if c.o.Metrics == nil {
 		return out
 	}
 	fams, _ := c.o.Metrics.Gather() // a partial result still has what it could gather
 	byName := map[string]float64{}
-	seen := map[string]bool{}
 	for _, f := range fams {
 		var sum float64
 		for _, m := range f.GetMetric() {
@@ -44,10 +50,10 @@ func (c *Console) counters() map[string]float64 {
 				sum += ct.GetValue()
 			}
 		}
-		byName[f.GetName()], seen[f.GetName()] = sum, true
+		byName[f.GetName()] = sum
 	}
 	for _, rc := range rateCounters {
-		if seen[rc.Family] {
+		if _, ok := out[rc.Key]; ok {
 			out[rc.Key] = byName[rc.Family]
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/testenv"
@@ -178,6 +179,40 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("AMQP headings %q", headings)
 	}
 	shot(t, ctx, "amqp")
+
+	// Purge the queue through its button, accepting the confirmation the page asks for; a
+	// client then finds the queue empty.
+	asked := make(chan string, 4)
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range dialogs {
+			if err != nil {
+				return
+			}
+			asked <- ev.Message
+			if _, err := chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true}); err != nil {
+				return
+			}
+		}
+	}()
+	purge := fmt.Sprintf(`Array.from(document.querySelectorAll("#queues tbody tr")).find(r => r.dataset.queue === %s).querySelector('form[data-action="amqp-purge"] button')`, js(f.queue))
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.JSPath(purge)), chromedp.WaitVisible("#result")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case q := <-asked:
+		if q != "Purge the ready messages of queue "+f.queue+"?" {
+			t.Errorf("confirmation asked %q", q)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no confirmation asked before the purge")
+	}
+	if result := run(t, ctx, chromedp.Text("#result-message")); result != fmt.Sprintf("purged 1 messages from queue %q", f.queue) {
+		t.Errorf("purge through the UI: %q", result)
+	}
+	if _, ok, err := f.ch.Get(f.queue, true); ok || err != nil {
+		t.Errorf("basic.get after the purge: ok %v, err %v; want an empty queue", ok, err)
+	}
 
 	// Pub/Sub: publish a test message through the topic's form; a client pulls it.
 	row := fmt.Sprintf(`tr[data-topic=%s]`, js(f.topic))

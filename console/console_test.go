@@ -200,6 +200,9 @@ func TestConsoleActions(t *testing.T) {
 	if code, r = act(t, f.base, "amqp-peek", url.Values{"vhost": {"/"}, "queue": {"x"}, "count": {"1000"}}); code != 400 {
 		t.Errorf("amqp-peek of 1000 = %d %+v", code, r)
 	}
+	if code, r = act(t, f.base, "pubsub-publish", url.Values{"topic": {f.topic}, "data": {strings.Repeat("x", 2<<20)}}); code != 400 {
+		t.Errorf("pubsub-publish of a 2 MiB form = %d %+v, want 400", code, r)
+	}
 }
 
 // Actions another site's page could send are refused before they run: no console header (an

@@ -98,6 +98,10 @@ type Options struct {
 	// a channel waits for such a queue's hold to lapse (ownerWait), then
 	// closes the connection with 320.
 	Peers Peers
+	// Fleet names the replicas sharing this KubeMQ: with it (and a
+	// Registry), non-durable exchanges and queues and their bindings are
+	// seen by every replica (transient.go). nil: they stay in this process.
+	Fleet Fleet
 
 	// backend replaces Client for publishing and queue counts (tests: a
 	// slow or failing KubeMQ).
@@ -242,6 +246,10 @@ func New(opts Options) (*Server, error) {
 	s.top = newTopology(s, opts.Registry, s.log)
 	s.unwatch = s.top.watch()
 	s.top.load()
+	if s.top.sharesTransient() {
+		s.wg.Add(1)
+		go s.sweepLoop()
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

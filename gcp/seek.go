@@ -22,8 +22,8 @@ import (
 // every message the topic log holds with a publish time at or after the
 // target is enqueued again, through the subscription's filter, in log
 // order. A target not in the past only empties the subscription; one older
-// than KubeMQ's retention replays what is retained. Snapshots are not
-// supported yet.
+// than KubeMQ's retention replays what is retained. Seek to a snapshot
+// goes the same way with the snapshot's messages (snapshot.go).
 
 // errSeeked ends the runtime a seek replaced: its streams and Pulls end
 // with UNAVAILABLE and the clients pull again from the new backlog.

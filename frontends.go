@@ -52,6 +52,9 @@ func frontends() []proxy.FrontendFactory {
 				return []string{c.AMQP.Listen, tlsAddr}
 			},
 			TLS: func(c *proxy.Config) []bool { return []bool{false, true} },
+			Management: func(c *proxy.Config) (string, string) {
+				return c.AMQP.ManagementListen, "amqp.management_listen"
+			},
 			New: func(d proxy.Deps) (proxy.Frontend, error) {
 				hb := d.Config.AMQP.Heartbeat
 				if hb == 0 {
@@ -69,8 +72,13 @@ func frontends() []proxy.FrontendFactory {
 				if d.Peers != nil {
 					peers = d.Peers
 				}
+				var fleet amqp091.Fleet
+				if d.Fleet != nil {
+					fleet = d.Fleet
+				}
 				return amqp091.New(amqp091.Options{
 					Peers:                  peers,
+					Fleet:                  fleet,
 					Client:                 d.Client,
 					Registry:               d.Registry,
 					Deliveries:             d.Deliveries,

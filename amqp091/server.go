@@ -98,6 +98,10 @@ type Options struct {
 	// a channel waits for such a queue's hold to lapse (ownerWait), then
 	// closes the connection with 320.
 	Peers Peers
+	// Fleet names the replicas sharing this KubeMQ: with it (and a
+	// Registry), non-durable exchanges and queues and their bindings are
+	// seen by every replica (transient.go). nil: they stay in this process.
+	Fleet Fleet
 
 	// backend replaces Client for publishing and queue counts (tests: a
 	// slow or failing KubeMQ).
@@ -201,12 +205,17 @@ type Server struct {
 
 	mu        sync.Mutex // guards listeners, conns, closed, downSince, links, standIns
 	listeners map[net.Listener]struct{}
-	conns     map[*conn]struct{}
-	links     map[*peerLink]struct{} // other replicas' links served here (peer.go)
-	standIns  map[string]*standIn    // by KubeMQ channel (peer.go)
-	closed    bool
-	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops, reply lanes
-	downErr   error
+
+	// Totals since start for the management API's overview: client publishes, deliveries,
+	// basic.ack'ed deliveries; rates keeps its rate samples (management.go).
+	nPublishes, nDelivered, nAcked atomic.Uint64
+	rates                          rateSampler
+	conns                          map[*conn]struct{}
+	links                          map[*peerLink]struct{} // other replicas' links served here (peer.go)
+	standIns                       map[string]*standIn    // by KubeMQ channel (peer.go)
+	closed                         bool
+	wg                             sync.WaitGroup // connections, the readiness watcher, background queue drops, reply lanes
+	downErr                        error
 }
 
 // New builds a Server; it does not listen until Serve.
@@ -242,6 +251,13 @@ func New(opts Options) (*Server, error) {
 	s.top = newTopology(s, opts.Registry, s.log)
 	s.unwatch = s.top.watch()
 	s.top.load()
+	if opts.Metrics != nil {
+		_ = opts.Metrics.Register(queueCollector{s}) // a second Server on one registry (tests) goes without
+	}
+	if s.top.sharesTransient() {
+		s.wg.Add(1)
+		go s.sweepLoop()
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -368,13 +368,17 @@ func (e *errorRewriter) finish() {
 	msg := string(body)
 	var details []json.RawMessage
 	if len(body) > 0 && body[0] == '{' && (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &st) == nil {
-		code, msg = codes.Code(st.GetCode()), st.GetMessage()
+		if st.GetCode() != 0 {
+			code = codes.Code(st.GetCode())
+		}
+		msg = st.GetMessage()
 		for _, d := range st.GetDetails() {
 			if b, err := protojson.Marshal(d); err == nil {
 				details = append(details, b)
 			}
 		}
-	} else if msg == "" {
+	}
+	if msg == "" {
 		msg = http.StatusText(e.status)
 	}
 	if (code == codes.Unknown || code == codes.Internal) && !e.call.reached.Load() {

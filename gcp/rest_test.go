@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
 )
 
 // The Pub/Sub REST API on the gRPC port, driven with plain HTTP requests
@@ -418,4 +420,60 @@ func TestRESTDifferentialEmulator(t *testing.T) {
 var restKnownDiff = map[string]string{
 	"topic list bad page token": "the emulator ignores a page token it cannot read; the proxy (over gRPC too) refuses it",
 	"acknowledge bad id":        "an unknown ack id is a no-op on the proxy (as over gRPC); the emulator refuses it",
+}
+
+// TestRESTLimitsAndErrors: the REST entry's own refusals and the
+// front-end's limits, each in Google's error form.
+func TestRESTLimitsAndErrors(t *testing.T) {
+	e := startEnv(t, withGCP(func(o *gcp.Options) { o.Config.MaxMessageBytes = 1000 }))
+	c := newRESTClient(t, e.addr)
+	p := "/v1/projects/" + e.project
+	top := e.id("lim")
+	c.do("PUT", p+"/topics/"+top, map[string]any{}).wantOK(t, "create")
+
+	big := map[string]any{"messages": []any{map[string]any{"data": b64(strings.Repeat("x", 2000))}}}
+	r := c.do("POST", p+"/topics/"+top+":publish", big)
+	r.wantError(t, "message over gcp.max_message_bytes", 400, "INVALID_ARGUMENT", "The value for message_size is too large")
+
+	// A body over the REST body limit (twice the request limit plus 1 MiB:
+	// here the default request limit, 10 MiB) is refused before it is read.
+	huge := `{"messages":[{"data":"` + strings.Repeat("A", 22<<20) + `"}]}`
+	r = c.do("POST", p+"/topics/"+top+":publish", huge)
+	r.wantError(t, "huge body", 413, "INVALID_ARGUMENT", "Request payload size exceeds the limit")
+	// The same without a Content-Length (chunked): cut while read.
+	req, err := http.NewRequest("POST", c.base+p+"/topics/"+top+":publish", io.MultiReader(strings.NewReader(huge)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1
+	resp, err := c.hc.Do(req)
+	if err == nil {
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 413 && resp.StatusCode != 400 {
+			t.Fatalf("chunked huge body: HTTP %d: %s", resp.StatusCode, raw)
+		}
+		if !strings.Contains(string(raw), `"status":"INVALID_ARGUMENT"`) {
+			t.Fatalf("chunked huge body: %s", raw)
+		}
+	} // else: the server closed the connection while the client still wrote, also a refusal
+
+	c.do("GET", "/v2/projects/x/topics", nil).wantError(t, "unknown API version", 404, "NOT_FOUND", "not found")
+	c.do("GET", p+"/nothing/here", nil).wantError(t, "unknown path", 404, "NOT_FOUND", "Not Found")
+	c.do("DELETE", p+"/topics/"+top+":publish", nil).wantError(t, "wrong method", 405, "UNIMPLEMENTED", "")
+	c.do("GET", "/google.pubsub.v1.Publisher/GetTopic", nil).wantError(t, "Connect path", 404, "NOT_FOUND", "")
+	c.do("GET", p+"/topics/"+top+"?alt=proto", nil).wantError(t, "alt=proto", 400, "INVALID_ARGUMENT", "alt")
+	c.do("GET", p+"/topics/"+top+"?alt=json&prettyPrint=false&fields=name&quotaUser=x", nil).wantOK(t, "system parameters")
+	c.do("GET", p+"/topics/"+top+"?unknownParam=1", nil).wantError(t, "unknown query parameter", 400, "INVALID_ARGUMENT", "unknownParam")
+	c.do("POST", p+"/subscriptions/s-"+e.suffix+":pull", `{"maxMessages":"many"}`).wantError(t, "wrong JSON type", 400, "INVALID_ARGUMENT", "Invalid JSON payload")
+	c.do("POST", p+"/subscriptions/s-"+e.suffix+":pull", `{"maxMessages":1}{}`).wantError(t, "trailing JSON", 400, "INVALID_ARGUMENT", "")
+	c.do("POST", p+"/subscriptions/s-"+e.suffix+":pull", `[]`).wantError(t, "JSON array", 400, "INVALID_ARGUMENT", "")
+	c.do("PUT", p+"/topics/"+top, `{"name":"projects/other/topics/other"}`).wantError(t, "body name differs from the path", 409, "ALREADY_EXISTS", "")
+
+	// Not ready: UNAVAILABLE as over gRPC, HTTP 503.
+	down := errKubeMQDown
+	e.ready.Store(&down)
+	c.do("GET", p+"/topics/"+top, nil).wantError(t, "not ready", 503, "UNAVAILABLE", "not ready")
+	e.ready.Store(nil)
+	c.do("GET", p+"/topics/"+top, nil).wantOK(t, "ready again")
 }

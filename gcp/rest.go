@@ -68,22 +68,29 @@ func (s *Server) newREST() (http.Handler, error) {
 	// Vanguard buffers one message of each direction; a Pull response may
 	// hold many messages.
 	buf := uint32(min(int64(4*s.pubLimits.MaxRequestBytes+grpcHeadroom), 1<<31))
-	tc, err := vanguardgrpc.NewTranscoder(s.grpc,
-		vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
-			// Google's REST API omits default values (lowerCamelCase names,
-			// base64 bytes, "10s" durations, RFC 3339 timestamps are protojson's
-			// own). Unknown fields are dropped, as gRPC drops unknown fields.
-			return restCodec{&vanguard.JSONCodec{
-				MarshalOptions:   protojson.MarshalOptions{Resolver: res},
-				UnmarshalOptions: protojson.UnmarshalOptions{Resolver: res, DiscardUnknown: true},
-			}}
-		}),
-		vanguard.WithRules(iamGetRules()...),
-		vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(buf)),
-		vanguard.WithUnknownHandler(http.HandlerFunc(restNotFound)),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("gcp: REST transcoder: %w", err)
+	// Two transcoders: enums as names (the default) and as numbers
+	// (alt=json;enum-encoding=int, as Google's REST clients ask).
+	var tcs [2]*vanguard.Transcoder
+	for i := range tcs {
+		enumNumbers := i == 1
+		tc, err := vanguardgrpc.NewTranscoder(s.grpc,
+			vanguard.WithCodec(func(res vanguard.TypeResolver) vanguard.Codec {
+				// Google's REST API omits default values (lowerCamelCase names,
+				// base64 bytes, "10s" durations, RFC 3339 timestamps are protojson's
+				// own). Unknown fields are dropped, as gRPC drops unknown fields.
+				return restCodec{&vanguard.JSONCodec{
+					MarshalOptions:   protojson.MarshalOptions{Resolver: res, UseEnumNumbers: enumNumbers},
+					UnmarshalOptions: protojson.UnmarshalOptions{Resolver: res, DiscardUnknown: true},
+				}}
+			}),
+			vanguard.WithRules(iamGetRules()...),
+			vanguard.WithDefaultServiceOptions(vanguard.WithMaxMessageBufferBytes(buf)),
+			vanguard.WithUnknownHandler(http.HandlerFunc(restNotFound)),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("gcp: REST transcoder: %w", err)
+		}
+		tcs[i] = tc
 	}
 	limit := s.restBodyLimit()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -98,9 +105,14 @@ func (s *Server) newREST() (http.Handler, error) {
 				fmt.Sprintf("Request payload size exceeds the limit: %d bytes.", limit), nil)
 			return
 		}
-		if msg := stripSystemParams(r); msg != "" {
+		enumNumbers, msg := stripSystemParams(r)
+		if msg != "" {
 			writeGoogleError(w, http.StatusBadRequest, codes.InvalidArgument, msg, nil)
 			return
+		}
+		tc := tcs[0]
+		if enumNumbers {
+			tc = tcs[1]
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		call := &restCall{}
@@ -141,18 +153,26 @@ func (c restCodec) UnmarshalField(b []byte, msg proto.Message, field protoreflec
 var systemParams = []string{"$.xgafv", "access_token", "alt", "$alt", "callback", "fields", "$fields", "key",
 	"oauth_token", "prettyPrint", "quotaUser", "$quotaUser", "upload_protocol", "uploadType", "userIp", "userProject"}
 
-// stripSystemParams removes them from r's query; it returns a message for
-// a value the proxy cannot honour (alt other than json).
-func stripSystemParams(r *http.Request) string {
+// stripSystemParams removes them from r's query. It reports whether enums
+// are to be numbers (alt=json;enum-encoding=int, what the client libraries'
+// REST transports send), or a message for a value the proxy cannot honour
+// (alt other than json).
+func stripSystemParams(r *http.Request) (enumNumbers bool, msg string) {
 	if r.URL.RawQuery == "" {
-		return ""
+		return false, ""
 	}
 	q := r.URL.Query()
 	found := false
 	for _, k := range systemParams {
 		if v, ok := q[k]; ok {
-			if (k == "alt" || k == "$alt") && len(v) > 0 && v[0] != "json" {
-				return fmt.Sprintf("Invalid value at '%s' (%s): only json is served", k, v[0])
+			if k == "alt" || k == "$alt" {
+				switch alt := v[0]; alt {
+				case "json":
+				case "json;enum-encoding=int":
+					enumNumbers = true
+				default:
+					return false, fmt.Sprintf("Invalid value at '%s' (%s): only json and json;enum-encoding=int are served", k, alt)
+				}
 			}
 			q.Del(k)
 			found = true
@@ -161,7 +181,7 @@ func stripSystemParams(r *http.Request) string {
 	if found {
 		r.URL.RawQuery = q.Encode()
 	}
-	return ""
+	return enumNumbers, ""
 }
 
 // restCall notes, for one REST request, whether the transcoder reached a

@@ -114,6 +114,10 @@ func (s *Server) newREST() (http.Handler, error) {
 		if enumNumbers {
 			tc = tcs[1]
 		}
+		if ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); ct == "" || ct == "application/x-www-form-urlencoded" || ct == "text/plain" {
+			// The API speaks JSON only; curl -d labels a JSON body as a form.
+			r.Header.Set("Content-Type", "application/json")
+		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		call := &restCall{}
 		ew := &errorRewriter{w: w, call: call}

@@ -470,6 +470,21 @@ func TestRESTLimitsAndErrors(t *testing.T) {
 	c.do("POST", p+"/subscriptions/s-"+e.suffix+":pull", `[]`).wantError(t, "JSON array", 400, "INVALID_ARGUMENT", "")
 	c.do("PUT", p+"/topics/"+top, `{"name":"projects/other/topics/other"}`).wantError(t, "body name differs from the path", 409, "ALREADY_EXISTS", "")
 
+	// curl -d labels its JSON body as a form: read as JSON all the same.
+	form, err := http.NewRequest("POST", c.base+p+"/topics/"+top+":publish", strings.NewReader(`{"messages":[{"data":"aGk="}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	form.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	fr, err := c.hc.Do(form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr.Body.Close()
+	if fr.StatusCode != 200 {
+		t.Fatalf("JSON body labelled as a form: HTTP %d", fr.StatusCode)
+	}
+
 	// Not ready: UNAVAILABLE as over gRPC, HTTP 503.
 	down := errKubeMQDown
 	e.ready.Store(&down)

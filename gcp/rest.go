@@ -120,7 +120,7 @@ func (s *Server) newREST() (http.Handler, error) {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		call := &restCall{}
-		ew := &errorRewriter{w: w, call: call}
+		ew := &errorRewriter{w: w, call: call, stopping: s.stopping}
 		tc.ServeHTTP(ew, r.WithContext(context.WithValue(r.Context(), restCallKey{}, call)))
 		ew.finish()
 	}), nil
@@ -333,11 +333,12 @@ func scrubHeaders(h http.Header) {
 // transcoder's error bodies (a google.rpc.Status in JSON, or a line of text)
 // into Google's error form. Used by one request's goroutine.
 type errorRewriter struct {
-	w      http.ResponseWriter
-	call   *restCall
-	status int // >= 400: an error is being buffered
-	wrote  bool
-	buf    bytes.Buffer
+	w        http.ResponseWriter
+	call     *restCall
+	stopping <-chan struct{} // the server's: closed at Shutdown
+	status   int             // >= 400: an error is being buffered
+	wrote    bool
+	buf      bytes.Buffer
 }
 
 func (e *errorRewriter) Header() http.Header { return e.w.Header() }
@@ -406,8 +407,16 @@ func (e *errorRewriter) finish() {
 		msg = http.StatusText(e.status)
 	}
 	if (code == codes.Unknown || code == codes.Internal) && !e.call.reached.Load() {
-		// The transcoder refused the request before any handler saw it.
-		e.status, code = http.StatusBadRequest, codes.InvalidArgument
+		select {
+		case <-e.stopping:
+			// The gRPC server stopped under the request (a keep-alive
+			// connection's request during Shutdown): clients retry this.
+			e.status, code = http.StatusServiceUnavailable, codes.Unavailable
+			msg = "kubemq-proxy is shutting down"
+		default:
+			// The transcoder refused the request before any handler saw it.
+			e.status, code = http.StatusBadRequest, codes.InvalidArgument
+		}
 	}
 	if strings.Contains(msg, "http: request body too large") {
 		// The body passed the limit while being read (no Content-Length).

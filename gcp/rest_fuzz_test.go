@@ -35,17 +35,46 @@ func (echoPublisher) Publish(_ context.Context, req *pubsubpb.PublishRequest) (*
 // restFuzzServer is the REST entry over a gRPC server of stub services
 // (the same codec and interceptor as the front-end's), limits small.
 func restFuzzServer(tb testing.TB) http.Handler {
+	h, _ := restStubServer(tb)
+	return h
+}
+
+func restStubServer(tb testing.TB) (http.Handler, *Server) {
 	g := grpc.NewServer(grpc.ForceServerCodecV2(wirecodec.Codec()), grpc.ChainUnaryInterceptor(markREST))
 	pubsubpb.RegisterPublisherServer(g, echoPublisher{})
 	pubsubpb.RegisterSubscriberServer(g, pubsubpb.UnimplementedSubscriberServer{})
 	pubsubpb.RegisterSchemaServiceServer(g, pubsubpb.UnimplementedSchemaServiceServer{})
 	iampb.RegisterIAMPolicyServer(g, iampb.UnimplementedIAMPolicyServer{})
-	s := &Server{grpc: g, log: zap.NewNop(), pubLimits: limits.Publish{MaxRequestBytes: 4 << 10, MaxMessageBytes: 4 << 10}}
+	s := &Server{grpc: g, log: zap.NewNop(), pubLimits: limits.Publish{MaxRequestBytes: 4 << 10, MaxMessageBytes: 4 << 10},
+		stopping: make(chan struct{})}
 	h, err := s.newREST()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return h
+	return h, s
+}
+
+// TestRESTAfterGRPCStop: a request that reaches the REST handler after the
+// gRPC server stopped (a keep-alive connection during Shutdown) is
+// UNAVAILABLE, which clients retry, not the client's fault.
+func TestRESTAfterGRPCStop(t *testing.T) {
+	h, s := restStubServer(t)
+	publish := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "http://x/v1/projects/p/topics/t:publish", strings.NewReader(`{"messages":[{"data":"aGk="}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	if w := publish(); w.Code != 200 || !strings.Contains(w.Body.String(), `"messageIds":["1"]`) {
+		t.Fatalf("before stop: %d %s", w.Code, w.Body)
+	}
+	close(s.stopping)
+	s.grpc.Stop()
+	w := publish()
+	if w.Code != 503 || !strings.Contains(w.Body.String(), `"status":"UNAVAILABLE"`) {
+		t.Fatalf("after stop: %d %s", w.Code, w.Body)
+	}
 }
 
 var restFuzzMethods = []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}

@@ -123,6 +123,7 @@ func (s *splitter) sniff(c net.Conn) {
 	to := s.http
 	if h2 {
 		to = s.h2
+		setGRPCSocketOptions(c)
 	}
 	s.forget(c)
 	if !to.deliver(pc) {

@@ -54,7 +54,7 @@ var requiredListeners = []string{"http", "gcp", "amqp"}
 func startProxy(t *testing.T, dataDir, registryChannel string, extra ...string) *proctest.Proc {
 	t.Helper()
 	args := []string{
-		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
+		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0",
 		"--http.listen", "127.0.0.1:0", "--registry.channel", registryChannel,
 	}
 	if kubemqtest.External() {

@@ -53,6 +53,9 @@ func frontends() []proxy.FrontendFactory {
 				return []string{c.AMQP.Listen, tlsAddr}
 			},
 			TLS: func(c *proxy.Config) []bool { return []bool{false, true} },
+			Management: func(c *proxy.Config) (string, string) {
+				return c.AMQP.ManagementListen, "amqp.management_listen"
+			},
 			New: func(d proxy.Deps) (proxy.Frontend, error) {
 				hb := d.Config.AMQP.Heartbeat
 				if hb == 0 {

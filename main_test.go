@@ -100,9 +100,9 @@ func TestExitCode2(t *testing.T) {
 		"unusable data dir, embedded mode": {[]string{"embedded", "--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0",
 			"--embedded.data_dir", "main_test.go/data"}, "embedded.data_dir"},
 		"unusable data dir": {[]string{"--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--gcp.listen", "127.0.0.1:0",
-			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--embedded.data_dir", "main_test.go/data"}, "embedded.data_dir"},
+			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--embedded.data_dir", "main_test.go/data"}, "embedded.data_dir"},
 		"listen address in use": {[]string{"--log.level", "error", "--embedded.listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0",
-			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--gcp.listen", "BUSY"}, "gcp.listen"},
+			"--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--gcp.listen", "BUSY"}, "gcp.listen"},
 	}
 	if name := os.Getenv("KMQP_TEST_MAIN"); name != "" {
 		args := cases[name].args

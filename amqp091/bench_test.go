@@ -389,6 +389,9 @@ var (
 	rabbitEnvs []string // environment of the node, for rabbitmqctl
 	rabbitNode string
 	rabbitPID  int // the node's process (the script execs the Erlang VM)
+	// rabbitMgmt is the node's management API (host:port): the management plugin is enabled
+	// with statistics collected every 500 ms.
+	rabbitMgmt string
 )
 
 // rabbitctl runs rabbitmqctl against the test node.
@@ -438,7 +441,7 @@ func startRabbit() (string, error) {
 		os.Mkdir(filepath.Join(dir, sub), 0o777)
 		os.Chmod(filepath.Join(dir, sub), 0o777)
 	}
-	var ports [3]int
+	var ports [4]int
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return "", err
@@ -446,8 +449,10 @@ func startRabbit() (string, error) {
 	}
 	name := "bench" + randHex(3)
 	conf := filepath.Join(dir, "rabbitmq.conf")
-	os.WriteFile(conf, []byte("listeners.tcp.1 = 127.0.0.1:"+strconv.Itoa(ports[0])+"\nloopback_users = none\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644)
+	os.WriteFile(conf, []byte("listeners.tcp.1 = 127.0.0.1:"+strconv.Itoa(ports[0])+"\nloopback_users = none\n"+
+		"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = "+strconv.Itoa(ports[3])+"\ncollect_statistics_interval = 500\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[rabbitmq_management].\n"), 0o644)
+	rabbitMgmt = "127.0.0.1:" + strconv.Itoa(ports[3])
 	// epmd runs as our own child on its own port, so stopping is exact.
 	epmd := exec.Command("epmd", "-port", strconv.Itoa(ports[2]))
 	epmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

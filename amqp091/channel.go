@@ -66,6 +66,11 @@ type channel struct {
 
 	confirms confirmTracker
 
+	// Mirrors of run-owned state for the management API (management.go).
+	viewConsumers       atomic.Int32
+	viewConfirm, viewTx atomic.Bool
+	viewPrefetch        atomic.Uint32 // consumerPrefetch
+
 	// Publishes handed to the publisher and not yet stored or refused;
 	// flushed (cap 1) is signalled when they reach 0.
 	inflight atomic.Int64
@@ -131,6 +136,17 @@ func (ch *channel) run() {
 	defer ch.c.srv.m.channels.Dec()
 	ch.c.nChannels.Add(1)
 	defer ch.c.nChannels.Add(-1)
+	ch.c.viewMu.Lock()
+	if ch.c.view == nil {
+		ch.c.view = map[*channel]struct{}{}
+	}
+	ch.c.view[ch] = struct{}{}
+	ch.c.viewMu.Unlock()
+	defer func() {
+		ch.c.viewMu.Lock()
+		delete(ch.c.view, ch)
+		ch.c.viewMu.Unlock()
+	}()
 	defer close(ch.done)
 	defer ch.shutdown()
 	for !ch.finished {

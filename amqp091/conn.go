@@ -58,7 +58,11 @@ type conn struct {
 
 	// For the state view (state.go).
 	nChannels, nConsumers atomic.Int32
-	blocked               atomic.Bool // reading paused by publish back-pressure
+	// viewMu guards view: the open channels, for the management API's channel list (the
+	// channel table itself belongs to serve).
+	viewMu  sync.Mutex
+	view    map[*channel]struct{}
+	blocked atomic.Bool // reading paused by publish back-pressure
 
 	// Owned by serve.
 	fr         *wire.FrameReader

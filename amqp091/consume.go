@@ -150,6 +150,7 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 	}
 	c.srv.m.consumers.Inc()
 	c.nConsumers.Add(1)
+	ch.viewConsumers.Add(1)
 	// Registered after consume-ok is queued: its first delivery follows it.
 	if cs.forwarded {
 		c.srv.goForward(cs, l, cs.done)
@@ -221,6 +222,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	}
 	ch.c.srv.m.consumers.Dec()
 	ch.c.nConsumers.Add(-1)
+	ch.viewConsumers.Add(-1)
 	q := cs.q
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)
@@ -526,7 +528,8 @@ func (cs *consumer) deliver(d *delivery.Delivery, dec *decoded) bool {
 	}
 	// Counted first, so a client that has the message sees it counted.
 	ch.c.srv.m.delivered.Inc()
-	cs.q.counters().out(len(d.Body))
+	cs.q.delivered(len(d.Body))
+	ch.c.srv.m.firstDelivery(d)
 	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
 		Redelivered: d.Redelivered, Exchange: dec.exchange, RoutingKey: dec.key}, props: &dec.props, body: d.Body})
 	ch.dmu.Unlock()
@@ -596,7 +599,8 @@ func (ch *channel) getHere(q *queue, h *delivery.Handle, m *wire.BasicGet) error
 		ch.order = append(ch.order, tag)
 	}
 	c.srv.m.delivered.Inc()
-	q.counters().out(len(d.Body))
+	q.delivered(len(d.Body))
+	c.srv.m.firstDelivery(d)
 	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: dec.exchange,
 		RoutingKey: dec.key, MessageCount: uint32(min(max(left, 0), 1<<32-1))}, props: &dec.props, body: d.Body})
 	ch.dmu.Unlock()
@@ -701,6 +705,10 @@ func (ch *channel) ack(tag uint64, multiple bool) error {
 	if err != nil {
 		return err
 	}
+	for _, u := range us {
+		u.queue.nAcked.Add(1)
+	}
+	ch.c.srv.nAcked.Add(uint64(len(us)))
 	if ch.tx != nil {
 		for _, u := range us {
 			ch.tx.settles = append(ch.tx.settles, u)
@@ -887,6 +895,7 @@ func (ch *channel) qos(m *wire.BasicQos) error {
 		// RabbitMQ: the per-consumer limit for later consumers, and no
 		// channel-wide limit any more.
 		ch.consumerPrefetch = m.PrefetchCount
+		ch.viewPrefetch.Store(uint32(m.PrefetchCount))
 		ch.globalPrefetch = 0
 	}
 	ch.dmu.Unlock()

@@ -436,7 +436,7 @@ func (l *fwdLink) deliver(d *peerpb.Delivery) {
 		l.held++
 	}
 	ch.c.srv.m.delivered.Inc()
-	cs.q.counters().out(len(d.Body))
+	cs.q.delivered(len(d.Body))
 	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
 		Redelivered: d.Redelivered, Exchange: exchange, RoutingKey: key}, props: &props, body: d.Body})
 	ch.dmu.Unlock()
@@ -635,7 +635,7 @@ func (ch *channel) getForwarded(q *queue, pc peerpb.AMQPPeerClient, m *wire.Basi
 			l.held++
 		}
 		ch.c.srv.m.delivered.Inc()
-		q.counters().out(len(d.Body))
+		q.delivered(len(d.Body))
 		ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: exchange,
 			RoutingKey: key, MessageCount: d.MessageCount}, props: &props, body: d.Body})
 		ch.dmu.Unlock()

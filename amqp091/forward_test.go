@@ -82,7 +82,7 @@ func newReplicas(t *testing.T, n int) []*replica {
 	return rs
 }
 
-func startReplica(t *testing.T, base *env, id, clusterChan, secret string) *replica {
+func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts ...func(*Options)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -130,10 +130,10 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string) *repl
 	}
 	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id)}
 	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
-	e.start(func(o *Options) {
+	e.start(append([]func(*Options){func(o *Options) {
 		o.Deliveries = m
 		o.Peers = testPeers{c: c, p: peers, self: lis.Addr().String()}
-	})
+	}}, opts...)...)
 	e.srv.RegisterPeer(peerSrv)
 	go peerSrv.Serve(lis)
 	var once sync.Once

@@ -3,8 +3,11 @@ package amqp091
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
 // metrics are the front-end's Prometheus series.
@@ -19,6 +22,10 @@ type metrics struct {
 	deadLettered, dropped *prometheus.CounterVec
 
 	queueMsgsIn, queueBytesIn, queueMsgsOut, queueBytesOut *prometheus.CounterVec
+
+	// publishLatency: a publish's content read to every queue copy stored in KubeMQ;
+	// deliveryLatency: KubeMQ's store time to a first delivery handed to a client.
+	publishLatency, deliveryLatency prometheus.Histogram
 
 	// Per-queue series are bounded: the first maxQueues distinct queues get
 	// their own labels, the rest share other.
@@ -71,14 +78,20 @@ func newMetrics(reg prometheus.Registerer, maxQueues int) *metrics {
 		queueBytesIn:  cv("queue_bytes_in_total", "Body bytes of the message copies KubeMQ stored in a queue."+perQueue, "vhost", "queue"),
 		queueMsgsOut:  cv("queue_messages_out_total", "Messages delivered from a queue (basic.deliver, basic.get-ok)."+perQueue, "vhost", "queue"),
 		queueBytesOut: cv("queue_bytes_out_total", "Body bytes of the messages delivered from a queue."+perQueue, "vhost", "queue"),
-		queues:        map[queueLabel]*queueStats{},
-		maxQueues:     maxQueues,
+		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "publish_latency_seconds",
+			Help:    "Time from a basic.publish's content read to every routed copy stored in KubeMQ (outside transactions).",
+			Buckets: publishLatencyBuckets}),
+		deliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "delivery_latency_seconds",
+			Help:    "Time from KubeMQ storing a message to its first delivery (basic.deliver, basic.get-ok) by this replica's lease engine.",
+			Buckets: deliveryLatencyBuckets}),
+		queues:    map[queueLabel]*queueStats{},
+		maxQueues: maxQueues,
 	}
 	m.other = m.statsFor(queueLabel{otherQueue, otherQueue})
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.blocked, m.published, m.unroutable,
 			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms, m.errors, m.deadLettered, m.dropped,
-			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut} {
+			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut, m.publishLatency, m.deliveryLatency} {
 			// A second Server on the same registry (tests) keeps counting
 			// in its own series; registration errors are not fatal.
 			_ = reg.Register(col)
@@ -109,6 +122,32 @@ func (m *metrics) queue(vhost, name string) *queueStats {
 	st := m.statsFor(l)
 	m.queues[l] = st
 	return st
+}
+
+// publishLatencyBuckets (100us to 13s) and deliveryLatencyBuckets (1ms to 35min: a
+// delivery's latency includes the time the message waited in a backlog) are the buckets of
+// the latency histograms (the Pub/Sub front-end uses the same).
+var (
+	publishLatencyBuckets  = prometheus.ExponentialBuckets(100e-6, 2, 18)
+	deliveryLatencyBuckets = prometheus.ExponentialBuckets(1e-3, 2, 22)
+)
+
+// label returns the label pair queue name in vhost is reported under: its own, or "_other"
+// once the bound is reached (the same assignment as queue's).
+func (m *metrics) label(vhost, name string) queueLabel {
+	l := queueLabel{vhost, name}
+	if m.queue(vhost, name) == m.other {
+		return queueLabel{otherQueue, otherQueue}
+	}
+	return l
+}
+
+// firstDelivery observes the delivery latency of d when it is a first delivery whose store
+// time is known (a redelivery's would count the time it was out as well).
+func (m *metrics) firstDelivery(d *delivery.Delivery) {
+	if d.Attempt <= 1 && !d.StoredAt.IsZero() {
+		m.deliveryLatency.Observe(max(time.Since(d.StoredAt), 0).Seconds())
+	}
 }
 
 // closed counts a close the server initiated.

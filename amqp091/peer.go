@@ -292,7 +292,8 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 	l.sendq = append(l.sendq, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{Delivery: toPeer(l.nextKey, d, 0)}})
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
-	l.q.counters().out(len(d.Body))
+	l.q.delivered(len(d.Body))
+	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return true
 }
@@ -497,7 +498,8 @@ func (l *peerLink) get() error {
 		Delivery: toPeer(l.nextKey, d, uint32(min(max(left, 0), 1<<32-1)))}})
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
-	l.q.counters().out(len(d.Body))
+	l.q.delivered(len(d.Body))
+	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return nil
 }

@@ -55,6 +55,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		return wire.AccessRefused("cannot publish to internal %s", rsExchange(m.Exchange, c.vhostName))
 	}
 	c.srv.m.published.Inc()
+	c.srv.nPublishes.Add(1)
 	if m.Exchange == "" && strings.HasPrefix(m.RoutingKey, replyToPrefix) {
 		// Delivered to the requester's channel, not stored: counted as
 		// unroutable below, as RabbitMQ 3.10 does (replyto.go).
@@ -109,7 +110,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 				limited = append(limited, q)
 			}
 		}
-		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), log: ch.log})
+		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), q: q, log: ch.log})
 	}
 	if ch.tx != nil {
 		// Pending only until buffered here: a transaction larger than the
@@ -142,6 +143,9 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 			srv.requestTrim(q, ch.publishDone)
 		}
 		c.unpend(n)
+		if ok {
+			srv.m.publishLatency.Observe(time.Since(now).Seconds())
+		}
 		if confirm {
 			t.complete(seq, ok && !rejected)
 		}
@@ -194,6 +198,7 @@ func parseExpiration(s string) (int64, string) {
 type pubCopy struct {
 	msg   kubemqclient.QueueMessage
 	stats *queueStats
+	q     *queue // counts the stored copy (nPublished)
 	log   *zap.Logger
 }
 
@@ -315,6 +320,7 @@ func (ch *channel) confirmSelect(m *wire.ConfirmSelect) error {
 		return wire.PreconditionFailed("cannot switch from tx to confirm mode")
 	}
 	ch.confirm = true
+	ch.viewConfirm.Store(true)
 	if !m.NoWait {
 		ch.send(&wire.ConfirmSelectOk{})
 	}
@@ -474,6 +480,9 @@ func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items 
 		ok := err == nil && i < len(results) && results[i].Err == nil
 		if ok {
 			it.stats.in(len(it.msg.Body))
+			if it.q != nil {
+				it.q.nPublished.Add(1)
+			}
 		} else {
 			p.failures()
 			if err == nil && i < len(results) {
@@ -508,6 +517,7 @@ func (ch *channel) txSelect() error {
 	if ch.tx == nil {
 		ch.tx = &txState{}
 	}
+	ch.viewTx.Store(true)
 	ch.send(&wire.TxSelectOk{})
 	return nil
 }

@@ -201,12 +201,17 @@ type Server struct {
 
 	mu        sync.Mutex // guards listeners, conns, closed, downSince, links, standIns
 	listeners map[net.Listener]struct{}
-	conns     map[*conn]struct{}
-	links     map[*peerLink]struct{} // other replicas' links served here (peer.go)
-	standIns  map[string]*standIn    // by KubeMQ channel (peer.go)
-	closed    bool
-	wg        sync.WaitGroup // connections, the readiness watcher, background queue drops, reply lanes
-	downErr   error
+
+	// Totals since start for the management API's overview: client publishes, deliveries,
+	// basic.ack'ed deliveries; rates keeps its rate samples (management.go).
+	nPublishes, nDelivered, nAcked atomic.Uint64
+	rates                          rateSampler
+	conns                          map[*conn]struct{}
+	links                          map[*peerLink]struct{} // other replicas' links served here (peer.go)
+	standIns                       map[string]*standIn    // by KubeMQ channel (peer.go)
+	closed                         bool
+	wg                             sync.WaitGroup // connections, the readiness watcher, background queue drops, reply lanes
+	downErr                        error
 }
 
 // New builds a Server; it does not listen until Serve.
@@ -242,6 +247,9 @@ func New(opts Options) (*Server, error) {
 	s.top = newTopology(s, opts.Registry, s.log)
 	s.unwatch = s.top.watch()
 	s.top.load()
+	if opts.Metrics != nil {
+		_ = opts.Metrics.Register(queueCollector{s}) // a second Server on one registry (tests) goes without
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -2,6 +2,7 @@ package amqp091
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"time"
 )
@@ -44,6 +45,14 @@ type QueueState struct {
 	Exclusive  bool   `json:"exclusive,omitempty"`
 	AutoDelete bool   `json:"auto_delete,omitempty"`
 	Consumers  int    `json:"consumers"`
+	// The figures of QueueStats: ready (absent when KubeMQ's count is unknown), unacked and the
+	// oldest unacked message's age on this replica, and its counts since it started.
+	MessagesReady        *int64  `json:"messages_ready,omitempty"`
+	MessagesUnacked      int     `json:"messages_unacknowledged"`
+	OldestUnackedSeconds float64 `json:"oldest_unacked_age_seconds"`
+	Published            uint64  `json:"published"`
+	Delivered            uint64  `json:"delivered"`
+	Acked                uint64  `json:"acked"`
 }
 
 // State describes connections, vhosts and queues (proxy.Stater).
@@ -73,6 +82,13 @@ func (s *Server) State() any {
 		vhosts = append(vhosts, v)
 	}
 	s.top.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	stats, _ := s.QueueStats(ctx)
+	cancel()
+	byQueue := make(map[queueLabel]QueueStats, len(stats))
+	for _, qs := range stats {
+		byQueue[queueLabel{qs.Vhost, qs.Name}] = qs
+	}
 	for _, v := range vhosts {
 		vs := VhostState{Name: v.displayName(), Exchanges: len(v.routes.Exchanges()), Queues: []QueueState{}}
 		v.mu.Lock()
@@ -80,8 +96,16 @@ func (s *Server) State() any {
 			if q.deleted {
 				continue
 			}
-			vs.Queues = append(vs.Queues, QueueState{Name: q.name, Channel: q.channel, Durable: q.durable,
-				Exclusive: q.exclusive, AutoDelete: q.autoDelete, Consumers: len(q.consumers)})
+			qs := QueueState{Name: q.name, Channel: q.channel, Durable: q.durable,
+				Exclusive: q.exclusive, AutoDelete: q.autoDelete, Consumers: len(q.consumers)}
+			if st, ok := byQueue[queueLabel{v.displayName(), q.name}]; ok {
+				if st.Ready >= 0 {
+					qs.MessagesReady = &st.Ready
+				}
+				qs.MessagesUnacked, qs.OldestUnackedSeconds = st.Unacked, st.OldestUnacked.Seconds()
+				qs.Published, qs.Delivered, qs.Acked = st.Published, st.Delivered, st.Acked
+			}
+			vs.Queues = append(vs.Queues, qs)
 		}
 		v.mu.Unlock()
 		slices.SortFunc(vs.Queues, func(a, b QueueState) int { return cmp.Compare(a.Name, b.Name) })

@@ -321,6 +321,9 @@ type queue struct {
 	used atomic.Bool
 
 	stats atomic.Pointer[queueStats] // resolved by counters
+	// Per-queue message counts for the management API's message_stats (stats.go), whatever
+	// the metrics' label bound: copies stored, deliveries (basic.deliver, basic.get-ok), acks.
+	nPublished, nDelivered, nAcked atomic.Uint64
 
 	// Guarded by vh.mu.
 	consumers         map[*consumer]struct{}
@@ -368,6 +371,13 @@ func newQueue(v *vhost, name string, durable, exclusive, autoDelete bool, args w
 }
 
 // counters returns q's per-queue metrics, resolved on first use.
+// delivered counts a delivery of bytes body bytes from q.
+func (q *queue) delivered(bytes int) {
+	q.counters().out(bytes)
+	q.nDelivered.Add(1)
+	q.vh.top.srv.nDelivered.Add(1)
+}
+
 func (q *queue) counters() *queueStats {
 	if st := q.stats.Load(); st != nil {
 		return st

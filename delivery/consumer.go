@@ -65,6 +65,10 @@ type Stats struct {
 	Out      int // handed out and not yet settled
 	Buffered int // recorded, waiting for a Fetch
 	Waiters  int // Fetch calls waiting
+	// OldestOut is the earliest time KubeMQ stored a message handed out and not yet settled
+	// (zero when none is out or none has a known store time): the oldest unacked message's age
+	// is the time since.
+	OldestOut time.Time `json:",omitzero"`
 
 	Gets             uint64 // downstream Gets
 	Received         uint64 // data messages received (after deduplication)
@@ -268,6 +272,9 @@ func (c *Consumer) Stats() Stats {
 	for _, l := range c.table {
 		if l.state == stateOut {
 			s.Out++
+			if st := storedAt(l.msg.Stored); !st.IsZero() && (s.OldestOut.IsZero() || st.Before(s.OldestOut)) {
+				s.OldestOut = st
+			}
 		}
 	}
 	c.mu.Unlock()

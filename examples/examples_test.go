@@ -24,7 +24,7 @@ func startProxy(t *testing.T) map[string]string {
 	bin := proctest.Binary(t, true)
 	want := []string{"http", "gcp", "amqp"}
 	args := append([]string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0",
-		"--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0"}, kubemqtest.BinaryFlags()...)
+		"--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0"}, kubemqtest.BinaryFlags()...)
 	p, err := proctest.Start(bin, "proxy", t.TempDir(), want, args...)
 	if err != nil {
 		t.Fatal(err)

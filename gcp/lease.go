@@ -332,6 +332,9 @@ func (r *subRuntime) handReadyLocked(e *subEntry, max int, f *flow, deadline tim
 func (r *subRuntime) handOutLocked(e *subEntry, l *lease, f *flow, deadline time.Duration, now time.Time) *pubsubpb.ReceivedMessage {
 	r.delivered.Inc()
 	r.deliveredBytes.Add(float64(l.bytes))
+	if l.gen == 0 && l.d.Attempt <= 1 && !l.d.StoredAt.IsZero() {
+		r.s.m.deliveryLatency.Observe(max(now.Sub(l.d.StoredAt), 0).Seconds())
+	}
 	l.gen++
 	l.state = leaseOut
 	l.flow = f

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"cmp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,10 @@ type metrics struct {
 	rpcs                      *prometheus.CounterVec // method, code
 	forwarded                 prometheus.Counter     // calls forwarded to the replica that consumes
 	streams                   prometheus.Gauge
-	openStreams               atomic.Int64 // the streams gauge's value, for State
+	// publishLatency: a Publish call received to its messages stored in KubeMQ (topic log and
+	// every subscription); deliveryLatency: publish (KubeMQ store) time to a first hand-out.
+	publishLatency, deliveryLatency prometheus.Histogram
+	openStreams                     atomic.Int64 // the streams gauge's value, for State
 
 	topics, subs labelSet
 }
@@ -55,6 +59,12 @@ func newMetrics() *metrics {
 			Help: "Subscriber calls forwarded to the replica that consumes the subscription."}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: metricPrefix + "streaming_pulls",
 			Help: "Open StreamingPull streams."}),
+		publishLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricPrefix + "publish_latency_seconds",
+			Help:    "Time from a Publish call received to its messages stored in KubeMQ (successful calls).",
+			Buckets: prometheus.ExponentialBuckets(100e-6, 2, 18)}),
+		deliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricPrefix + "delivery_latency_seconds",
+			Help:    "Time from a message's publish (stored in KubeMQ) to its first hand-out to a client (Pull, StreamingPull, push) by this replica.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 22)}),
 		topics: labelSet{seen: map[string]struct{}{}},
 		subs:   labelSet{seen: map[string]struct{}{}},
 	}
@@ -63,7 +73,8 @@ func newMetrics() *metrics {
 // register adds the metrics and a collector of the lease gauges to reg.
 func (m *metrics) register(reg prometheus.Registerer, s *Server) error {
 	for _, c := range []prometheus.Collector{m.forwarded, m.published, m.publishedBytes, m.delivered, m.deliveredBytes,
-		m.acked, m.nacked, m.expired, m.deadLettered, m.dlFailed, m.rpcs, m.streams, leaseCollector{s}} {
+		m.acked, m.nacked, m.expired, m.deadLettered, m.dlFailed, m.rpcs, m.streams, leaseCollector{s}, subCollector{s},
+		m.publishLatency, m.deliveryLatency} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -86,6 +97,7 @@ func (m *metrics) rpc(fullMethod string, c codes.Code) {
 type labelSet struct {
 	mu   sync.Mutex
 	seen map[string]struct{}
+	max  int // 0: maxLabelValues (tests lower it)
 }
 
 func (l *labelSet) label(id string) string {
@@ -94,7 +106,7 @@ func (l *labelSet) label(id string) string {
 	if _, ok := l.seen[id]; ok {
 		return id
 	}
-	if len(l.seen) >= maxLabelValues {
+	if n := cmp.Or(l.max, maxLabelValues); len(l.seen) >= n {
 		return otherLabel
 	}
 	l.seen[id] = struct{}{}

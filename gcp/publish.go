@@ -21,6 +21,7 @@ import (
 // every copy is stored: a returned id means the message is durable in
 // every subscription.
 func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (*pubsubpb.PublishResponse, error) {
+	start := time.Now()
 	tn, err := names.ParseTopic(req.GetTopic())
 	if err != nil {
 		return nil, err
@@ -54,6 +55,7 @@ func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	s.m.publishLatency.Observe(time.Since(start).Seconds())
 	label := s.m.topic(tn.ID)
 	s.m.published.WithLabelValues(label).Add(float64(len(ids)))
 	s.m.publishedBytes.WithLabelValues(label).Add(float64(messagesBytes(req.GetMessages())))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/gcp/limits"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 )
 
@@ -129,10 +130,11 @@ type Server struct {
 	onDrop func(subID, uid string)
 
 	deliveries    *delivery.Manager
-	ownDeliveries *delivery.Manager // built by New: closed at Shutdown
-	peers         Peers             // nil: one replica (forward.go)
-	rtMu          sync.Mutex        // guards runtimes, rtClosed, seeking
-	noRecovery    sync.Map          // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
+	ownDeliveries *delivery.Manager                                            // built by New: closed at Shutdown
+	peers         Peers                                                        // nil: one replica (forward.go)
+	backlog       func(ctx context.Context) (*kubemqclient.QueuesIndex, error) // see core
+	rtMu          sync.Mutex                                                   // guards runtimes, rtClosed, seeking
+	noRecovery    sync.Map                                                     // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)
@@ -178,6 +180,8 @@ type core struct {
 	// StreamingPull streams end with UNAVAILABLE when it reports down.
 	watch   func(fn func(up bool)) (remove func())
 	metrics prometheus.Registerer // nil: not exported
+	// backlog reads every queue's waiting count (cached); nil: unknown (SubscriptionStats).
+	backlog func(ctx context.Context) (*kubemqclient.QueuesIndex, error)
 }
 
 func newServer(c core) (*Server, error) {
@@ -193,7 +197,7 @@ func newServer(c core) (*Server, error) {
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
 		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
-		outage: make(chan struct{}), m: newMetrics()}
+		outage: make(chan struct{}), m: newMetrics(), backlog: c.backlog}
 	var err error
 	if s.push, err = newPushManager(s); err != nil {
 		return nil, err

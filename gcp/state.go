@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"context"
 	"slices"
 	"time"
 
@@ -41,6 +42,13 @@ type SubState struct {
 	RecoveringUntil *time.Time `json:"recovering_until,omitempty"`
 	SentinelOut     *time.Time `json:"recovery_sentinel_out_until,omitempty"`
 	Awaited         int        `json:"awaited,omitempty"`
+	// The figures of SubscriptionStats: ready (absent when KubeMQ's count is unknown),
+	// unacked (leased by this replica's lease engine), the oldest unacked message's age
+	// since publish, and Pull calls and streams using it here.
+	MessagesReady        *int64  `json:"messages_ready,omitempty"`
+	MessagesUnacked      int     `json:"messages_unacked"`
+	OldestUnackedSeconds float64 `json:"oldest_unacked_message_age_seconds"`
+	Consumers            int     `json:"consumers"`
 }
 
 // State describes topics, subscriptions and open streams (proxy.Stater).
@@ -48,6 +56,13 @@ func (s *Server) State() any {
 	st := State{Topics: len(s.cat.topicIDs()), StreamingPulls: int(s.m.openStreams.Load()), Subscriptions: []SubState{}}
 	ids := s.cat.subIDs()
 	slices.Sort(ids)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	stats, _ := s.SubscriptionStats(ctx)
+	cancel()
+	byID := make(map[string]SubscriptionStats, len(stats))
+	for _, st := range stats {
+		byID[st.ID] = st
+	}
 	now := time.Now()
 	for _, id := range ids {
 		e, ok := s.cat.sub(id)
@@ -58,6 +73,12 @@ func (s *Server) State() any {
 			Detached: e.proto.GetDetached(), Filter: e.proto.GetFilter()}
 		if !s.cat.attached(e) {
 			ss.Topic = names.DeletedTopic
+		}
+		if st, ok := byID[id]; ok {
+			if st.Ready >= 0 {
+				ss.MessagesReady = &st.Ready
+			}
+			ss.MessagesUnacked, ss.OldestUnackedSeconds, ss.Consumers = st.Unacked, st.OldestUnacked.Seconds(), st.Consumers
 		}
 		if r := s.lookupRuntime(e); r != nil {
 			ss.Active = true

@@ -56,6 +56,10 @@ func New(o Options) (*Server, error) {
 		topo:  registryTopology{o.Registry},
 		be:    kubemqBackend{o.Client},
 		watch: o.Client.OnStateChange,
+		backlog: func(ctx context.Context) (*kubemqclient.QueuesIndex, error) {
+			idx, _, err := o.Client.QueuesInfoCached(ctx, BacklogMaxAge)
+			return idx, err
+		},
 
 		metrics: o.Metrics,
 

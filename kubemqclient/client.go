@@ -165,6 +165,8 @@ type Client struct {
 	upCtx    context.Context
 	upCancel context.CancelCauseFunc
 
+	backlog backlogCache // QueuesInfoCached's last answer (backlog.go)
+
 	pub *eventPublisher
 
 	// closers are the open long-lived streams, closed by Client.Close.

@@ -101,6 +101,9 @@ type AMQPConfig struct {
 	// as the KubeMQ auth token of the calls made for it, so that KubeMQ
 	// (not amqp.users) decides who may publish.
 	PasswordAsKubeMQToken bool `mapstructure:"password_as_kubemq_token"`
+	// ManagementListen serves the subset of RabbitMQ's management HTTP API that tools use
+	// (rabbitmqadmin, queue-length lookups), with HTTP basic auth against Users; "" = off.
+	ManagementListen string `mapstructure:"management_listen"`
 }
 
 // HTTPConfig is the side port: /healthz, /readyz, /metrics open to all;
@@ -274,7 +277,7 @@ func Defaults() Config {
 			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute,
 			PushMaxConcurrency: 256, PushMaxPerSubscription: 64, PushConnectTimeout: 10 * time.Second},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,
-			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100},
+			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100, ManagementListen: "127.0.0.1:15672"},
 		HTTP: HTTPConfig{Listen: ":9102"},
 		KubeMQ: KubeMQConfig{
 			ClientID: "kubemq-proxy", SendAttempt: 10 * time.Second, OutageDetection: 2 * time.Second,
@@ -307,6 +310,7 @@ func (c *Config) Validate() error {
 		{"gcp.listen", c.GCP.Listen},
 		{"amqp.listen", c.AMQP.Listen},
 		{"amqp.tls_listen", c.AMQP.TLSListen},
+		{"amqp.management_listen", c.AMQP.ManagementListen},
 		{"http.listen", c.HTTP.Listen},
 		{"cluster.listen", c.Cluster.Listen},
 	}

@@ -10,6 +10,9 @@ import (
 	"net/http/pprof"
 	"strings"
 	"time"
+
+	"github.com/kubemq-io/kubemq-proxy/console"
+	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
 // httpHandler serves the side port. /healthz is liveness (the process
@@ -28,7 +31,36 @@ func (p *Proxy) httpHandler() http.Handler {
 	mux.Handle("GET /debug/pprof/", p.admin(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", p.admin(http.HandlerFunc(pprof.Profile)))
 	mux.Handle("GET /debug/pprof/trace", p.admin(http.HandlerFunc(pprof.Trace)))
+	// The web console (/console/, and / redirects to it), behind the same admin guard.
+	console.Register(mux, console.Options{Guard: p.admin, Backend: p.consoleBackend, Leases: p.leaseStats,
+		Frontends: p.frontendList, Metrics: p.metrics, Client: p.client, Ready: p.Ready})
 	return mux
+}
+
+func (p *Proxy) consoleBackend() console.Backend {
+	b := console.Backend{Address: p.cfg.KubeMQ.Address, Embedded: p.cfg.UseEmbedded()}
+	if p.embeddedLis != nil {
+		b.Address = p.embeddedLis.Addr().String()
+	}
+	if p.client != nil {
+		b.Up = p.client.Ready()
+	}
+	return b
+}
+
+func (p *Proxy) leaseStats() []delivery.Stats {
+	if p.deliveries == nil {
+		return nil
+	}
+	return p.deliveries.Stats()
+}
+
+func (p *Proxy) frontendList() []any {
+	out := make([]any, 0, len(p.frontends))
+	for _, f := range p.frontends {
+		out = append(out, f.fe)
+	}
+	return out
 }
 
 // jsonLevel lets PUT /loglevel take {"level":"debug"} whatever its content type says: zap's

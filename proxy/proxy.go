@@ -56,6 +56,15 @@ type FrontendFactory struct {
 	Listen func(cfg *Config) []string // listen addresses; "" entries skipped
 	TLS    func(cfg *Config) []bool   // per address: wrap in the AMQPS config
 	New    func(deps Deps) (Frontend, error)
+	// Management is the listen address of the front-end's management HTTP API (the
+	// front-end implements ManagementAPI) and its configuration key; "" serves none.
+	Management func(cfg *Config) (addr, key string)
+}
+
+// ManagementAPI is implemented by front-ends that serve an HTTP management API of their
+// protocol on a listener of its own (amqp091: RabbitMQ's management API subset).
+type ManagementAPI interface {
+	ManagementHandler() http.Handler
 }
 
 // Deps is what a front-end gets from the lifecycle.
@@ -148,6 +157,9 @@ type runningFrontend struct {
 	fe   Frontend
 	lis  []net.Listener
 	name string
+	// The management API's server and listener (FrontendFactory.Management); nil without.
+	mgmt    *http.Server
+	mgmtLis net.Listener
 }
 
 // New validates cfg; nothing is started until Start.
@@ -313,7 +325,31 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 			rf.lis = append(rf.lis, lis)
 			p.log.Info("listening", zap.String("listener", name), zap.String("address", lis.Addr().String()))
 		}
+		if f.Management != nil {
+			if a, key := f.Management(&p.cfg); a != "" {
+				api, ok := fe.(ManagementAPI)
+				if !ok {
+					return fmt.Errorf("%s: %s is set but the front-end has no management API", f.Name, key)
+				}
+				lis, err := Listen(key, a)
+				if err != nil {
+					return err
+				}
+				rf.mgmtLis = lis
+				rf.mgmt = &http.Server{Handler: api.ManagementHandler(), ReadHeaderTimeout: 10 * time.Second}
+				p.log.Info("listening", zap.String("listener", f.Name+"-management"), zap.String("address", lis.Addr().String()))
+			}
+		}
 		p.frontends = append(p.frontends, rf)
+		if rf.mgmt != nil {
+			srv, lis := rf.mgmt, rf.mgmtLis
+			p.goServe(rf.name+"-management", func() error {
+				if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+					return err
+				}
+				return nil
+			})
+		}
 		for _, lis := range rf.lis {
 			lis := lis
 			p.goServe(rf.name, func() error { return fe.Serve(lis) })
@@ -398,7 +434,7 @@ func (p *Proxy) serving() error {
 }
 
 // Addr returns the bound address of a listener by name ("http",
-// "embedded-kubemq", or a front-end name); tests use it with port 0.
+// "embedded-kubemq", a front-end name, or "amqp-management"); tests use it with port 0.
 func (p *Proxy) Addr(name string) string {
 	switch name {
 	case "http":
@@ -415,6 +451,9 @@ func (p *Proxy) Addr(name string) string {
 		}
 	}
 	for _, f := range p.frontends {
+		if f.name+"-management" == name && f.mgmtLis != nil {
+			return f.mgmtLis.Addr().String()
+		}
 		for i, l := range f.lis {
 			if f.name == name && i == 0 || f.name+"-tls" == name && i == 1 {
 				return l.Addr().String()
@@ -473,6 +512,10 @@ func (p *Proxy) shutdown(ctx context.Context, step func(string)) error {
 	var errs []error
 	for i := len(p.frontends) - 1; i >= 0; i-- {
 		f := p.frontends[i]
+		if f.mgmt != nil {
+			step("front-end " + f.name + " management API")
+			f.mgmt.Shutdown(ctx)
+		}
 		step("front-end " + f.name + " (closing connections, giving leases back)")
 		if err := f.fe.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))

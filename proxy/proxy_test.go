@@ -22,6 +22,7 @@ func testConfig(t *testing.T) proxy.Config {
 	cfg.GCP.Listen = "127.0.0.1:0"
 	cfg.AMQP.Listen = "127.0.0.1:0"
 	cfg.AMQP.TLSListen = ""
+	cfg.AMQP.ManagementListen = "127.0.0.1:0"
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Embedded.Listen = "127.0.0.1:0"
 	cfg.Embedded.DataDir = t.TempDir()

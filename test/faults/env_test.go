@@ -115,7 +115,7 @@ func (e *env) startProxy() {
 		gcp, amqp, httpA = e.gcpAddr, e.amqpAddr, e.httpAddr
 	}
 	args := []string{
-		"--gcp.listen", gcp, "--amqp.listen", amqp, "--amqp.tls_listen", "", "--http.listen", httpA,
+		"--gcp.listen", gcp, "--amqp.listen", amqp, "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--http.listen", httpA,
 		"--kubemq.address", e.relay.Addr(), "--registry.channel", e.regChannel, "--log.level", logLevel(),
 	}
 	var p *proctest.Proc

@@ -124,7 +124,7 @@ func (r *replica) start() {
 	}
 	r.mu.Lock()
 	args := []string{
-		"--gcp.listen", addr(r.gcp), "--amqp.listen", addr(r.amqp), "--amqp.tls_listen", "", "--http.listen", addr(r.http),
+		"--gcp.listen", addr(r.gcp), "--amqp.listen", addr(r.amqp), "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--http.listen", addr(r.http),
 		"--cluster.listen", addr(r.per), "--cluster.secret", f.secret, "--cluster.lease", lease.String(),
 		"--cluster.channel", "kubemq-proxy-fleet.cluster." + f.suffix,
 		"--kubemq.address", f.kubemq, "--registry.channel", "kubemq-proxy-fleet.registry." + f.suffix, "--log.level", logLevel(),

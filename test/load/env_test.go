@@ -119,7 +119,7 @@ func startProxyOn(t testing.TB, addr string, extra ...string) *proxyEnv {
 	e := &proxyEnv{t: t, suffix: randSuffix()}
 	dir := runDir(t)
 	args := []string{
-		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "",
+		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0",
 		"--http.listen", "127.0.0.1:0", "--registry.channel", "kubemq-proxy-load-" + e.suffix,
 		"--log.level", logLevel(),
 	}

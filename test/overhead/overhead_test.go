@@ -87,7 +87,7 @@ func proxyOn(b *testing.B, kubemqAddr string) (gcpAddr, amqpAddr string) {
 	dir := proctest.RunDir(b, "OVERHEAD_LOGS")
 	s := suffix()
 	p, err := proctest.Start(proctest.Binary(b, false), "proxy", dir, []string{"gcp", "amqp", "http"},
-		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--http.listen", "127.0.0.1:0",
+		"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--http.listen", "127.0.0.1:0",
 		"--kubemq.address", kubemqAddr, "--registry.channel", "overhead.registry."+s, "--cluster.channel", "overhead.cluster."+s,
 		"--log.level", logLevel(), "--gcp.max_inflight_per_subscription", "200000")
 	if err != nil {

@@ -33,7 +33,7 @@ type proc struct{ *proctest.Proc }
 // and waits until the listeners named in want have reported their address.
 func startProxy(t *testing.T, want []string, args ...string) *proc {
 	t.Helper()
-	base := []string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "127.0.0.1:0",
+	base := []string{"--gcp.listen", "127.0.0.1:0", "--amqp.listen", "127.0.0.1:0", "--amqp.tls_listen", "127.0.0.1:0", "--amqp.management_listen", "127.0.0.1:0",
 		"--http.listen", "127.0.0.1:0", "--embedded.listen", "127.0.0.1:0", "--embedded.strict", "--log.level", "debug"}
 	name := "proxy"
 	if len(args) > 0 && args[0] == "embedded" {

@@ -303,10 +303,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.stopAccepting()
 		done := make(chan struct{})
 		go func() {
+			// REST calls run on grpc.Server.ServeHTTP, whose transports
+			// GracefulStop closes at once: they finish first.
+			s.stopREST(ctx)
 			s.grpc.GracefulStop()
 			close(done)
 		}()
-		s.stopREST(ctx)
 		select {
 		case <-done:
 		case <-ctx.Done():

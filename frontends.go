@@ -73,8 +73,13 @@ func frontends() []proxy.FrontendFactory {
 				if d.Peers != nil {
 					peers = d.Peers
 				}
+				var fleet amqp091.Fleet
+				if d.Fleet != nil {
+					fleet = d.Fleet
+				}
 				return amqp091.New(amqp091.Options{
 					Peers:                  peers,
+					Fleet:                  fleet,
 					Client:                 d.Client,
 					Registry:               d.Registry,
 					Deliveries:             d.Deliveries,

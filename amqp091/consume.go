@@ -236,7 +236,8 @@ func (ch *channel) stopConsumer(cs *consumer) {
 			cs.d.stop()
 		}
 	}
-	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
+	// Another replica's queue is auto-deleted by that replica (transient.go).
+	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted && !q.remote
 	q.vh.mu.Unlock()
 	q.touch() // x-expires counts from the last consumer's end
 	if drop {

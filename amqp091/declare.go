@@ -113,10 +113,8 @@ func (ch *channel) exchangeDelete(m *wire.ExchangeDelete) error {
 		}
 		ctx, cancel := ch.backendCtx()
 		defer cancel()
-		if x.Durable && vh.top.reg != nil {
-			if err := vh.top.reg.Delete(ctx, kindExchange, recordKey(vh.key, x.Name)); err != nil {
-				return err
-			}
+		if err := vh.deleteExchangeRecord(ctx, x); err != nil {
+			return err
 		}
 		r := vh.routes.DeleteExchange(x.Name)
 		if len(r.Exchanges) > 0 {
@@ -248,10 +246,8 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 		if vh.routes.HasBinding(b) {
 			return nil
 		}
-		if durable {
-			if err := vh.putBindingRecord(ctx, b); err != nil {
-				return err
-			}
+		if err := vh.putBindingRecord(ctx, b, durable); err != nil {
+			return err
 		}
 		vh.routes.Bind(b)
 		return nil
@@ -259,10 +255,8 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 	if !vh.routes.HasBinding(b) {
 		return nil
 	}
-	if durable {
-		if err := vh.deleteBindingRecord(ctx, b); err != nil {
-			return err
-		}
+	if err := vh.deleteBindingRecord(ctx, b, durable); err != nil {
+		return err
 	}
 	r, ok := vh.routes.Unbind(b)
 	if ok {
@@ -318,6 +312,9 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 		incarnation := vh.incarnations[name]
 		vh.mu.Unlock()
 		q = newQueue(vh, name, m.Durable, m.Exclusive, m.AutoDelete, m.Arguments, owner, incarnation)
+		if !q.persistent() {
+			q.replica = vh.top.replicaID()
+		}
 		ctx, cancel := ch.backendCtx()
 		err := vh.putQueueRecord(ctx, q)
 		cancel()
@@ -349,8 +346,8 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 	}
 	vh.declMu.Unlock()
 	rs := rsQueue(name, vn)
-	if q.owner != owner {
-		return errLocked(name, vn)
+	if q.owner != owner || (q.exclusive && q.owner == nil) {
+		return errLocked(name, vn) // exclusive here or in another replica
 	}
 	if q.durable != m.Durable {
 		return inequivalent("durable", rs, fmt.Sprint(m.Durable), fmt.Sprint(q.durable))

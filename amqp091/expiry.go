@@ -135,7 +135,7 @@ func (s *Server) reap(q *queue) {
 		// With replicas, a durable queue's uses through another replica
 		// are not seen here: x-expires applies only to queues of this
 		// process, or without replicas (amqp091/README.md).
-		if q.expires > 0 && (s.peers == nil || !q.persistent()) {
+		if q.expires > 0 && !q.remote && (s.peers == nil || !q.persistent()) {
 			if idle := time.Since(time.Unix(0, q.reap.lastUse.Load())); q.unused() && idle >= q.expires {
 				s.dropQueue(q, "queue expired (x-expires)", s.log)
 				return

@@ -275,7 +275,12 @@ func (l *fwdLink) flushLocked() error {
 }
 
 // grant tops up the holder's credit for l's consumer to what the client's
-// prefetch allows (in steps of a quarter of it, to save messages).
+// prefetch allows. A consumer with a prefetch gets each slot its client frees
+// at once: holding credit back until a quarter of the prefetch was free left
+// the client idle for the link's round trip (BenchmarkFleet, a forwarded
+// consumer with prefetch 100: 0.47-0.73x of one on the holder in quarters,
+// 0.59-0.85x slot by slot, same runs). One without a prefetch tops up in
+// quarters of fetchBatch, to save messages.
 func (l *fwdLink) grant() {
 	cs, ch := l.cs, l.ch
 	if cs == nil {
@@ -287,11 +292,11 @@ func (l *fwdLink) grant() {
 		return
 	}
 	want := creditFor(cs, l.inflight)
-	window := fetchBatch
+	step := fetchBatch / 4
 	if !cs.noAck && cs.prefetch > 0 {
-		window = min(window, int(cs.prefetch))
+		step = 1
 	}
-	if want <= 0 || (l.inflight > 0 && want < max(1, window/4)) {
+	if want <= 0 || (l.inflight > 0 && want < step) {
 		ch.dmu.Unlock()
 		return
 	}

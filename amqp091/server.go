@@ -98,6 +98,10 @@ type Options struct {
 	// a channel waits for such a queue's hold to lapse (ownerWait), then
 	// closes the connection with 320.
 	Peers Peers
+	// Fleet names the replicas sharing this KubeMQ: with it (and a
+	// Registry), non-durable exchanges and queues and their bindings are
+	// seen by every replica (transient.go). nil: they stay in this process.
+	Fleet Fleet
 
 	// backend replaces Client for publishing and queue counts (tests: a
 	// slow or failing KubeMQ).
@@ -249,6 +253,10 @@ func New(opts Options) (*Server, error) {
 	s.top.load()
 	if opts.Metrics != nil {
 		_ = opts.Metrics.Register(queueCollector{s}) // a second Server on one registry (tests) goes without
+	}
+	if s.top.sharesTransient() {
+		s.wg.Add(1)
+		go s.sweepLoop()
 	}
 	s.wg.Add(1)
 	go func() {

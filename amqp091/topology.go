@@ -18,7 +18,8 @@ import (
 
 // Registry record kinds. Durable exchanges, durable queues and the bindings
 // between durable ends are records, shared by every replica and surviving
-// restarts; everything else lives in this process only.
+// restarts; with replicas, non-durable topology has records of its own
+// kinds (transient.go); without, it lives in this process only.
 const (
 	kindExchange = "amqp.exchange"
 	kindQueue    = "amqp.queue"
@@ -34,7 +35,8 @@ type exchangeRecord struct {
 	Type       string `json:"type"`
 	AutoDelete bool   `json:"auto_delete,omitempty"`
 	Internal   bool   `json:"internal,omitempty"`
-	Args       []byte `json:"args,omitempty"` // AMQP field table, wire encoding
+	Args       []byte `json:"args,omitempty"`    // AMQP field table, wire encoding
+	Replica    string `json:"replica,omitempty"` // non-durable exchanges (kindTExchange): the replica that keeps it
 }
 
 type queueRecord struct {
@@ -43,6 +45,11 @@ type queueRecord struct {
 	AutoDelete  bool   `json:"auto_delete,omitempty"`
 	Args        []byte `json:"args,omitempty"`
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// Non-durable queues (kindTQueue) only: the replica that declared it,
+	// and its flags.
+	Replica   string `json:"replica,omitempty"`
+	Durable   bool   `json:"durable,omitempty"`
+	Exclusive bool   `json:"exclusive,omitempty"`
 }
 
 type incarnationRecord struct {
@@ -112,6 +119,8 @@ type topology struct {
 
 	mu     sync.Mutex // guards vhosts
 	vhosts map[string]*vhost
+
+	sweeper sweeper // non-durable topology of gone replicas (transient.go)
 }
 
 func newTopology(srv *Server, reg *registry.Registry, log *zap.Logger) *topology {
@@ -136,7 +145,7 @@ func (t *topology) load() {
 	if t.reg == nil {
 		return
 	}
-	for _, kind := range []string{kindIncarnation, kindExchange, kindQueue, kindBinding} {
+	for _, kind := range []string{kindIncarnation, kindExchange, kindTExchange, kindQueue, kindTQueue, kindBinding, kindTBinding} {
 		for _, rec := range t.reg.List(kind) {
 			t.apply(rec)
 		}
@@ -165,6 +174,8 @@ func (t *topology) apply(rec registry.Record) {
 	}
 	v := t.vhost(parts[0])
 	switch rec.Kind {
+	case kindTExchange, kindTQueue, kindTBinding:
+		t.applyTransient(v, parts, rec)
 	case kindExchange:
 		if rec.Deleted {
 			v.routes.DeleteExchange(parts[1])
@@ -315,6 +326,10 @@ type queue struct {
 	reap          reaper // expiry at the head and x-expires (expiry.go)
 	// incarnation numbers the queues that had this name (queueChannel).
 	incarnation uint64
+	// remote: a non-durable queue another replica declared (transient.go),
+	// known here from its registry record; replica names that replica.
+	remote  bool
+	replica string
 
 	// used is set once a message was routed to q or a consumer or get
 	// used it here: deleting it then moves its name to a new incarnation.
@@ -413,7 +428,12 @@ func (q *queue) persistent() bool { return q.durable && !q.exclusive }
 
 // accessibleBy reports whether connection c may use q (RabbitMQ's lax
 // exclusive check: an exclusive queue is its owner's alone).
-func (q *queue) accessibleBy(c *conn) bool { return q.owner == nil || q.owner == c }
+func (q *queue) accessibleBy(c *conn) bool {
+	if q.exclusive && q.owner == nil {
+		return false // another replica's connection owns it
+	}
+	return q.owner == nil || q.owner == c
+}
 
 // removeQueue forgets q and its bindings and cancels its consumers (with a
 // basic.cancel to clients that asked for it). It returns what the routing
@@ -450,13 +470,19 @@ func (v *vhost) persistRemoval(ctx context.Context, r routing.Removal, gone *que
 	if reg == nil {
 		return nil
 	}
+	shared := v.top.sharesTransient()
 	removed := map[string]bool{} // removed exchange -> durable
 	for _, x := range r.Exchanges {
 		removed[x.Name] = x.Durable
-		if x.Durable {
-			if err := reg.Delete(ctx, kindExchange, recordKey(v.key, x.Name)); err != nil {
-				return err
+		kind := kindExchange
+		if !x.Durable {
+			if !shared {
+				continue
 			}
+			kind = kindTExchange
+		}
+		if err := reg.Delete(ctx, kind, recordKey(v.key, x.Name)); err != nil {
+			return err
 		}
 	}
 	exchangeDurable := func(name string) bool {
@@ -477,10 +503,15 @@ func (v *vhost) persistRemoval(ctx context.Context, r routing.Removal, gone *que
 			q := v.lookupQueue(b.Dest.Name)
 			durable = durable && q != nil && q.persistent()
 		}
-		if durable {
-			if err := reg.Delete(ctx, kindBinding, recordKey(v.key, b.ID())); err != nil {
-				return err
+		kind := kindBinding
+		if !durable {
+			if !shared {
+				continue
 			}
+			kind = kindTBinding
+		}
+		if err := reg.Delete(ctx, kind, recordKey(v.key, b.ID())); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -501,20 +532,60 @@ func (v *vhost) bindingDurable(b routing.Binding) bool {
 	return q != nil && q.persistent()
 }
 
+// putExchangeRecord writes x's record: a durable exchange's, or with
+// replicas a non-durable one's (transient.go).
 func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error {
-	if v.top.reg == nil || !x.Durable {
+	kind := kindExchange
+	rec := exchangeRecord{Vhost: v.key, Name: x.Name, Type: x.Kind.String(), AutoDelete: x.AutoDelete, Internal: x.Internal, Args: encodeArgs(x.Args)}
+	switch {
+	case v.top.reg == nil:
 		return nil
+	case !x.Durable:
+		if !v.top.sharesTransient() {
+			return nil
+		}
+		kind, rec.Replica = kindTExchange, v.top.replicaID()
+		v.top.markExchangeOwned(recordKey(v.key, x.Name)) // before the record: sweep reads both
 	}
-	return v.top.reg.Put(ctx, kindExchange, recordKey(v.key, x.Name), exchangeRecord{
-		Vhost: v.key, Name: x.Name, Type: x.Kind.String(), AutoDelete: x.AutoDelete, Internal: x.Internal, Args: encodeArgs(x.Args)})
+	return v.top.reg.Put(ctx, kind, recordKey(v.key, x.Name), rec)
+}
+
+// deleteExchangeRecord writes the tombstone of x's record, if it has one.
+func (v *vhost) deleteExchangeRecord(ctx context.Context, x routing.Exchange) error {
+	switch {
+	case v.top.reg == nil:
+		return nil
+	case x.Durable:
+		return v.top.reg.Delete(ctx, kindExchange, recordKey(v.key, x.Name))
+	case v.top.sharesTransient():
+		return v.top.reg.Delete(ctx, kindTExchange, recordKey(v.key, x.Name))
+	}
+	return nil
+}
+
+// queueRecordKind is the kind of q's registry record, "" when it has none.
+func (v *vhost) queueRecordKind(q *queue) string {
+	switch {
+	case v.top.reg == nil:
+		return ""
+	case q.persistent():
+		return kindQueue
+	case v.top.sharesTransient():
+		return kindTQueue
+	}
+	return ""
 }
 
 func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
-	if v.top.reg == nil || !q.persistent() {
+	kind := v.queueRecordKind(q)
+	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Put(ctx, kindQueue, recordKey(v.key, q.name), queueRecord{
-		Vhost: v.key, Name: q.name, AutoDelete: q.autoDelete, Args: encodeArgs(q.args), Incarnation: q.incarnation})
+	rec := queueRecord{Vhost: v.key, Name: q.name, AutoDelete: q.autoDelete, Args: encodeArgs(q.args), Incarnation: q.incarnation}
+	if kind == kindTQueue {
+		rec.Replica, rec.Durable, rec.Exclusive = q.replica, q.durable, q.exclusive
+	}
+	return v.top.reg.Put(ctx, kind, recordKey(v.key, q.name), rec)
 }
 
 // putIncarnationRecord records that name's next declaration takes
@@ -527,23 +598,41 @@ func (v *vhost) putIncarnationRecord(ctx context.Context, name string, n uint64)
 }
 
 func (v *vhost) deleteQueueRecord(ctx context.Context, q *queue) error {
-	if v.top.reg == nil || !q.persistent() {
+	kind := v.queueRecordKind(q)
+	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Delete(ctx, kindQueue, recordKey(v.key, q.name))
+	return v.top.reg.Delete(ctx, kind, recordKey(v.key, q.name))
 }
 
-func (v *vhost) putBindingRecord(ctx context.Context, b routing.Binding) error {
-	if v.top.reg == nil {
+// bindingRecordKind is the kind of a binding's registry record: durable
+// when both its ends are, else with replicas a non-durable one's; "" when
+// it has none.
+func (v *vhost) bindingRecordKind(durable bool) string {
+	switch {
+	case v.top.reg == nil:
+		return ""
+	case durable:
+		return kindBinding
+	case v.top.sharesTransient():
+		return kindTBinding
+	}
+	return ""
+}
+
+func (v *vhost) putBindingRecord(ctx context.Context, b routing.Binding, durable bool) error {
+	kind := v.bindingRecordKind(durable)
+	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Put(ctx, kindBinding, recordKey(v.key, b.ID()), bindingRecord{
+	return v.top.reg.Put(ctx, kind, recordKey(v.key, b.ID()), bindingRecord{
 		Vhost: v.key, Source: b.Source, DestExchange: b.Dest.Exchange, Dest: b.Dest.Name, Key: b.Key, Args: encodeArgs(b.Args)})
 }
 
-func (v *vhost) deleteBindingRecord(ctx context.Context, b routing.Binding) error {
-	if v.top.reg == nil {
+func (v *vhost) deleteBindingRecord(ctx context.Context, b routing.Binding, durable bool) error {
+	kind := v.bindingRecordKind(durable)
+	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Delete(ctx, kindBinding, recordKey(v.key, b.ID()))
+	return v.top.reg.Delete(ctx, kind, recordKey(v.key, b.ID()))
 }

@@ -157,7 +157,11 @@ type Consumer struct {
 	settled chan struct{}  // closed (and dropped) each time the settler finishes a pass
 	idle    chan struct{}  // closed (and dropped) when the poll loop waits for demand (tests)
 
-	pollWake   chan struct{} // cap 1: demand appeared
+	pollWake chan struct{} // cap 1: demand appeared (or a pause)
+	// pauseSem (cap 1) is held by the caller of Pause from the request to resume; pauseReq is
+	// its request (pause.go), guarded by mu.
+	pauseSem   chan struct{}
+	pauseReq   *pauseReq
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
 	// staleStream: the backend went down since the poll loop's stream was opened; the loop
 	// replaces the stream before its next Get.
@@ -216,6 +220,7 @@ func newConsumer(b Backend, queue string, opts Options, prev *identity) (*Consum
 		table:      map[leaseKey]*lease{},
 		handles:    map[*Handle]struct{}{},
 		pollWake:   make(chan struct{}, 1),
+		pauseSem:   make(chan struct{}, 1),
 		settleWake: make(chan struct{}, 1),
 		pollDone:   make(chan struct{}),
 		settleDone: make(chan struct{}),

@@ -41,6 +41,8 @@ type pollState struct {
 	// doubles while Gets come back full and falls back to 1 when one comes back short, so a
 	// backlog still drains in large batches and an empty queue costs a 1 s wait per Get only.
 	probe int
+	// lastTx is the transaction of the last batch acked, for a barrier before a pause.
+	lastTx string
 }
 
 // pollLoop owns the downstream stream (and so the only open transaction on the queue). It polls
@@ -64,9 +66,21 @@ func (c *Consumer) pollLoop() {
 	defer closeStream()
 	synced := c.opts.Settlements == nil
 	for {
+		ok, perr := c.servePause(ds, &st)
+		if !ok {
+			return
+		}
+		if perr != nil {
+			closeStream()
+			c.pollFailed(perr, true)
+			continue
+		}
 		demand, ahead, ok := c.awaitDemand()
 		if !ok {
 			return
+		}
+		if demand <= 0 {
+			continue // woken for a pause
 		}
 		if !synced {
 			// Settlements the queue's last owner wrote before this Consumer started must be
@@ -146,6 +160,9 @@ func (c *Consumer) awaitDemand() (demand, ahead int, ok bool) {
 		}
 		if demand > 0 {
 			return demand, ahead, true
+		}
+		if c.pausePending() {
+			return 0, 0, true
 		}
 		select {
 		case <-c.pollWake:
@@ -290,6 +307,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (br
 		return true, fmt.Errorf("delivery: ack batch on %s: %w", c.queue, err)
 	}
 	c.commit(b)
+	st.lastTx = tx
 	if uncounted && len(msgs) < maxItems {
 		c.emptyAt(chk) // after the commit: what the Get brought went to the waiters first
 	}
@@ -303,6 +321,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (br
 		return true, fmt.Errorf("delivery: sync %s: %w", c.queue, err)
 	}
 	st.unsynced = 0
+	st.lastTx = ""
 	return false, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
 // Registry kinds of the records this package owns. The key is the
@@ -52,6 +53,11 @@ type record struct {
 type topology interface {
 	Put(ctx context.Context, kind, key string, value any) error
 	Delete(ctx context.Context, kind, key string) error
+	// putIf is Put only if the record is still the one base names
+	// (compare-and-set across replicas); registry.ErrConflict otherwise.
+	putIf(ctx context.Context, kind, key string, value any, base registry.Base) error
+	// baseOf names the record's current version, for putIf.
+	baseOf(kind, key string) registry.Base
 	list(kind string) []record
 	// watch calls fn for every applied change; fn must not block.
 	watch(fn func(kind string, r record)) (cancel func())

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
@@ -66,24 +68,99 @@ func eodInvalid(missed []string) error {
 // ackExactlyOnce settles ids strictly and answers once the acks are
 // durable: in the acked-id log and in the engine's acknowledgement log.
 func (s *Server) ackExactlyOnce(ctx context.Context, r *subRuntime, ids []string) error {
-	missed, acked := r.settleAcks(ids, true)
-	if len(acked) > 0 {
-		r.eod.add(time.Now(), acked...)
-		e := r.entry()
-		if e == nil {
-			return status.Error(codes.NotFound, "The subscription was deleted.")
-		}
-		err := s.be.appendLog(ctx, []kubemqclient.Event{{Channel: eodAckChannel(e), Metadata: "acked", Body: []byte(strings.Join(acked, "\n"))}})
-		if err == nil {
-			err = r.h.Consumer().SyncSettlements(ctx)
-		}
-		if err != nil {
-			// Not known durable: the client retries (a retry of an
-			// applied ack then reports it invalid, as Google may).
-			return status.Errorf(codes.Unavailable, "The acknowledgements could not be made durable: %v", err)
-		}
+	_, _, missed, err := s.ackDurably(ctx, r, ids)
+	if err != nil {
+		// Not known durable: the client retries (a retry of an applied
+		// ack then reports it invalid, as Google may).
+		return err
 	}
 	return eodInvalid(missed)
+}
+
+// ackDurably settles ids strictly and returns once the acks are durable.
+// acked are the ack ids that settled their lease (unordered those of them
+// held behind an earlier message of their ordering key), missed those
+// that settled nothing; err (a status) when the acks could not be made
+// durable.
+func (s *Server) ackDurably(ctx context.Context, r *subRuntime, ids []string) (acked, unordered, missed []string, err error) {
+	missed, lines, unordered := r.settleAcks(ids, true)
+	if len(lines) == 0 {
+		return nil, nil, missed, nil
+	}
+	acked = make([]string, len(lines))
+	for i, line := range lines {
+		acked[i], _, _ = strings.Cut(line, " ")
+	}
+	r.eod.add(time.Now(), lines...)
+	e := r.entry()
+	if e == nil {
+		return acked, unordered, missed, status.Error(codes.NotFound, "The subscription was deleted.")
+	}
+	err = s.be.appendLog(ctx, []kubemqclient.Event{{Channel: eodAckChannel(e), Metadata: "acked", Body: []byte(strings.Join(lines, "\n"))}})
+	if err == nil {
+		err = r.h.Consumer().SyncSettlements(ctx)
+	}
+	if err != nil {
+		return acked, unordered, missed, status.Errorf(codes.Unavailable, "The acknowledgements could not be made durable: %v", err)
+	}
+	return acked, unordered, missed, nil
+}
+
+// confirmStream applies the acks and modacks of a StreamingPull request on
+// an exactly-once subscription and returns what Google answers on the
+// stream for them: an acknowledge confirmation once the acks are durable
+// (an ack that settled nothing is invalid; one that could not be made
+// durable is a temporary failure, to be sent again), and a modify
+// deadline confirmation. nil when the request had neither.
+func (s *Server) confirmStream(ctx context.Context, r *subRuntime, req *pubsubpb.StreamingPullRequest) *pubsubpb.StreamingPullResponse {
+	var resp *pubsubpb.StreamingPullResponse
+	if ids := req.GetAckIds(); len(ids) > 0 {
+		acked, unordered, missed, err := s.ackDurably(ctx, r, ids)
+		c := &pubsubpb.StreamingPullResponse_AcknowledgeConfirmation{InvalidAckIds: missed}
+		if err != nil {
+			c.TemporaryFailedAckIds = acked
+		} else {
+			held := make(map[string]bool, len(unordered))
+			for _, id := range unordered {
+				held[id] = true
+			}
+			for _, id := range acked {
+				if !held[id] {
+					c.AckIds = append(c.AckIds, id)
+				}
+			}
+			c.UnorderedAckIds = unordered
+		}
+		resp = &pubsubpb.StreamingPullResponse{AcknowledgeConfirmation: c}
+	}
+	secs, ids := req.GetModifyDeadlineSeconds(), req.GetModifyDeadlineAckIds()
+	if len(ids) == 0 {
+		return resp
+	}
+	c := &pubsubpb.StreamingPullResponse_ModifyAckDeadlineConfirmation{}
+	for i := 0; i < len(ids); {
+		j := i + 1
+		for j < len(ids) && secs[j] == secs[i] {
+			j++
+		}
+		missed := r.modackLeases(ids[i:j], secs[i], true)
+		bad := make(map[string]bool, len(missed))
+		for _, id := range missed {
+			bad[id] = true
+		}
+		for _, id := range ids[i:j] {
+			if !bad[id] {
+				c.AckIds = append(c.AckIds, id)
+			}
+		}
+		c.InvalidAckIds = append(c.InvalidAckIds, missed...)
+		i = j
+	}
+	if resp == nil {
+		resp = &pubsubpb.StreamingPullResponse{}
+	}
+	resp.ModifyAckDeadlineConfirmation = c
+	return resp
 }
 
 // modackExactlyOnce extends or nacks ids strictly.

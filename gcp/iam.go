@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"regexp"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kubemq-io/kubemq-proxy/gcp/names"
+	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
 // iamPolicy serves google.iam.v1.IAMPolicy for topics, subscriptions, snapshots and schemas as
@@ -23,8 +25,9 @@ import (
 // authentication, so TestIamPermissions grants every permission asked about. Policies are
 // registry records (kindIAM), shared by replicas and kept across restarts; a policy belongs to
 // one incarnation of its resource (a topic deleted and created again starts with an empty
-// policy, as on Google). The etag check of SetIamPolicy is made against this replica's view
-// of the registry: two replicas setting one policy at the same instant may both succeed.
+// policy, as on Google). A SetIamPolicy with an etag is a compare-and-set of the registry
+// record (registry.PutIf): of two replicas setting one policy with the same etag at once, one
+// succeeds and the other answers ABORTED.
 type iamPolicy struct {
 	iampb.UnimplementedIAMPolicyServer
 	s *Server
@@ -156,6 +159,9 @@ func (p iamPolicy) SetIamPolicy(ctx context.Context, req *iampb.SetIamPolicyRequ
 	if req.GetPolicy() == nil {
 		return nil, status.Error(codes.InvalidArgument, "policy is required")
 	}
+	// The record's version is read before the policy: a write landing in
+	// between makes the compare-and-set below fail, never pass wrongly.
+	base := p.s.topo.baseOf(kindIAM, key)
 	cur := p.current(key, uid)
 	next := proto.Clone(req.GetPolicy()).(*iampb.Policy)
 	if paths := req.GetUpdateMask().GetPaths(); len(paths) > 0 {
@@ -180,8 +186,9 @@ func (p iamPolicy) SetIamPolicy(ctx context.Context, req *iampb.SetIamPolicyRequ
 	if err := validPolicy(next); err != nil {
 		return nil, err
 	}
-	if len(req.GetPolicy().GetEtag()) > 0 && string(req.GetPolicy().GetEtag()) != string(cur.GetEtag()) {
-		return nil, status.Error(codes.Aborted, "There were concurrent policy changes. Please retry the whole read-modify-write with exponential backoff.")
+	conditional := len(req.GetPolicy().GetEtag()) > 0
+	if conditional && string(req.GetPolicy().GetEtag()) != string(cur.GetEtag()) {
+		return nil, errConcurrentPolicy
 	}
 	next.Version = 1
 	if hasConditions(next) {
@@ -193,11 +200,23 @@ func (p iamPolicy) SetIamPolicy(ctx context.Context, req *iampb.SetIamPolicyRequ
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	if err := p.s.topo.Put(ctx, kindIAM, key, iamRecord{UID: uid, Policy: raw}); err != nil {
+	rec := iamRecord{UID: uid, Policy: raw}
+	if conditional {
+		err = p.s.topo.putIf(ctx, kindIAM, key, rec, base)
+		if errors.Is(err, registry.ErrConflict) {
+			return nil, errConcurrentPolicy
+		}
+	} else {
+		err = p.s.topo.Put(ctx, kindIAM, key, rec)
+	}
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	return next, nil
 }
+
+// errConcurrentPolicy is Google's answer to a SetIamPolicy whose etag is not the policy's.
+var errConcurrentPolicy = status.Error(codes.Aborted, "There were concurrent policy changes. Please retry the whole read-modify-write with exponential backoff.")
 
 func (p iamPolicy) TestIamPermissions(ctx context.Context, req *iampb.TestIamPermissionsRequest) (*iampb.TestIamPermissionsResponse, error) {
 	if _, _, err := p.iamResource(req.GetResource()); err != nil {

@@ -1,6 +1,7 @@
 package gcp_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 )
@@ -151,5 +153,74 @@ func TestIAMPolicies(t *testing.T) {
 	}
 	if p, err := ic.GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: topic}); err != nil || len(p.Bindings) != 0 {
 		t.Fatalf("policy of the new topic = %v, %v; want empty", p, err)
+	}
+}
+
+// TestIAMEtagAcrossReplicas: two replicas setting one policy with the same etag at once: one
+// succeeds, the other answers ABORTED, and both then return the winner's policy.
+func TestIAMEtagAcrossReplicas(t *testing.T) {
+	e := startEnv(t)
+	ctx := ctxT(t, 3*time.Minute)
+	tid := e.id("t")
+	e.createTopic(ctx, tid)
+	res := e.topicName(tid)
+	addr2, _, stop2 := e.startReplica()
+	defer stop2()
+	ics := []iampb.IAMPolicyClient{iamClient(t, e.addr), iamClient(t, addr2)}
+	for round := range 5 {
+		cur, err := ics[0].GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: res})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The second replica has seen the same policy (it reads the registry live).
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			p2, err := ics[1].GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: res})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(p2.Etag) == string(cur.Etag) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the replicas disagree on the etag", round)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		type answer struct {
+			who int
+			pol *iampb.Policy
+			err error
+		}
+		answers := make(chan answer, 2)
+		for i, ic := range ics {
+			go func() {
+				pol := &iampb.Policy{Etag: cur.Etag, Bindings: []*iampb.Binding{{Role: "roles/pubsub.viewer", Members: []string{fmt.Sprintf("user:r%d-%d@example.com", round, i)}}}}
+				got, err := ic.SetIamPolicy(ctx, &iampb.SetIamPolicyRequest{Resource: res, Policy: pol})
+				answers <- answer{i, got, err}
+			}()
+		}
+		var won *iampb.Policy
+		for range 2 {
+			a := <-answers
+			switch status.Code(a.err) {
+			case codes.OK:
+				if won != nil {
+					t.Fatalf("round %d: both replicas accepted etag %x", round, cur.Etag)
+				}
+				won = a.pol
+			case codes.Aborted:
+			default:
+				t.Fatalf("round %d: replica %d: %v", round, a.who, a.err)
+			}
+		}
+		if won == nil {
+			t.Fatalf("round %d: neither replica accepted the current etag", round)
+		}
+		for i, ic := range ics {
+			got, err := ic.GetIamPolicy(ctx, &iampb.GetIamPolicyRequest{Resource: res})
+			if err != nil || string(got.Etag) != string(won.Etag) || got.Bindings[0].Members[0] != won.Bindings[0].Members[0] {
+				t.Fatalf("round %d: replica %d returns %v %v, want the winner's %v", round, i, got, err, won)
+			}
+		}
 	}
 }

@@ -441,9 +441,11 @@ func (r *subRuntime) forgetLocked(l *lease, heard bool) {
 func (r *subRuntime) ack(ids []string) { r.settleAcks(ids, false) }
 
 // settleAcks is ack; strict (exactly-once, eod.go) also refuses leases
-// whose deadline has passed, and reports the ids that settled nothing and,
-// for those acked, "{ack id} {message id}".
-func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []string) {
+// whose deadline has passed, and reports the ids that settled nothing,
+// for those acked "{ack id} {message id}", and the ack ids of those acked
+// ahead of an earlier message of their ordering key (held until it is
+// settled).
+func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked, unordered []string) {
 	settled := make([]string, 0, len(ids))
 	n := 0
 	now := time.Now()
@@ -465,6 +467,9 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []stri
 			ks = r.keys[l.key]
 		}
 		if ks != nil && ks.index(l) > 0 {
+			if strict {
+				unordered = append(unordered, id)
+			}
 			r.leaveOutLocked(l)
 			r.unheapLocked(l)
 			l.flow.release(l, true)
@@ -485,7 +490,7 @@ func (r *subRuntime) settleAcks(ids []string, strict bool) (missed, acked []stri
 	if n > 0 {
 		r.acked.Add(float64(n))
 	}
-	return missed, acked
+	return missed, acked, unordered
 }
 
 // modack extends deadlines (seconds > 0) or nacks (0).

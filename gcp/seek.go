@@ -22,8 +22,8 @@ import (
 // every message the topic log holds with a publish time at or after the
 // target is enqueued again, through the subscription's filter, in log
 // order. A target not in the past only empties the subscription; one older
-// than KubeMQ's retention replays what is retained. Snapshots are not
-// supported yet.
+// than KubeMQ's retention replays what is retained. Seek to a snapshot
+// goes the same way with the snapshot's messages (snapshot.go).
 
 // errSeeked ends the runtime a seek replaced: its streams and Pulls end
 // with UNAVAILABLE and the clients pull again from the new backlog.
@@ -139,19 +139,33 @@ func (s *Server) seekReplay(ctx context.Context, e *subEntry, target time.Time, 
 	return n, err
 }
 
-// beginSeek marks id as being seeked (after any seek of it already
-// running); end clears the mark and lets its pulls go on.
+// beginSeek marks id as being seeked (after any seek or capture of it
+// already running): its pulls wait until end clears the mark.
 func (s *Server) beginSeek(ctx context.Context, id string) (end func(), err error) {
+	return s.beginExclusive(ctx, id, true)
+}
+
+// beginExclusive waits for any seek or snapshot capture of id to end and
+// marks id as being seeked (pulls true: new pulls wait) or captured
+// (pulls go on); end clears the mark.
+func (s *Server) beginExclusive(ctx context.Context, id string, pulls bool) (end func(), err error) {
 	for {
 		s.rtMu.Lock()
 		busy := s.seeking[id]
 		if busy == nil {
+			busy = s.capturing[id]
+		}
+		if busy == nil {
 			ch := make(chan struct{})
-			s.seeking[id] = ch
+			marks := s.capturing
+			if pulls {
+				marks = s.seeking
+			}
+			marks[id] = ch
 			s.rtMu.Unlock()
 			return func() {
 				s.rtMu.Lock()
-				delete(s.seeking, id)
+				delete(marks, id)
 				s.rtMu.Unlock()
 				close(ch)
 			}, nil

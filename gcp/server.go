@@ -133,11 +133,12 @@ type Server struct {
 	ownDeliveries *delivery.Manager                                            // built by New: closed at Shutdown
 	peers         Peers                                                        // nil: one replica (forward.go)
 	backlog       func(ctx context.Context) (*kubemqclient.QueuesIndex, error) // see core
-	rtMu          sync.Mutex                                                   // guards runtimes, rtClosed, seeking
+	rtMu          sync.Mutex                                                   // guards runtimes, rtClosed, seeking, capturing
 	noRecovery    sync.Map                                                     // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)
+	capturing     map[string]chan struct{} // subscription id -> closed when its snapshot capture ends (snapshot.go)
 	pubs          inflight                 // publishes in progress (a seek waits for them)
 
 	stopping chan struct{} // closed at Shutdown: streams end with UNAVAILABLE
@@ -196,7 +197,7 @@ func newServer(c core) (*Server, error) {
 		c.ready = func() error { return nil }
 	}
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
-		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, stopping: make(chan struct{}),
+		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, capturing: map[string]chan struct{}{}, stopping: make(chan struct{}),
 		outage: make(chan struct{}), m: newMetrics(), backlog: c.backlog}
 	var err error
 	if s.push, err = newPushManager(s); err != nil {

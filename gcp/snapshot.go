@@ -35,15 +35,18 @@ import (
 // list into memory during a Seek, never the messages.
 //
 // Taking a snapshot reads the subscription's queue, so it runs on the
-// replica that consumes the subscription, like Seek: the subscription's
-// pulls wait, its leases go back to the queue (outstanding ack ids become
-// stale and the messages are delivered again, as after a lost stream), the
-// queue is moved to a holding queue and back, in order, and the ids are
-// recorded on the way. Messages waiting out a retry backoff or a nack
-// delay in KubeMQ's delay channel, and those whose only copy is the lease
-// record of a crashed replica, are not seen and are not part of the
-// snapshot. Delivery attempts counted by KubeMQ start again after the
-// move.
+// replica that consumes the subscription, like Seek, and it leaves the
+// subscribers alone: their streams and Pulls go on, and every message out
+// to a client stays leased to it. The delivery engine's reads stand still
+// meanwhile (delivery.Consumer.Pause), since only one transaction may be
+// open on a queue (docs/kubemq.md 8.8): the ids of what the engine holds
+// (buffered, out, nacked and waiting out a delay) are listed first, then
+// the queue is moved to a holding queue and back, in order, and the ids
+// are listed on the way. Messages published while the queue is moved back
+// may come out ahead of the backlog. Messages waiting out a retry backoff
+// in KubeMQ's delay channel, and those whose only copy is the lease record
+// of a crashed replica, are not seen and are not part of the snapshot.
+// Delivery attempts counted by KubeMQ start again after the move.
 //
 // Seek to a snapshot empties the subscription as Seek to a time does,
 // then reads the topic log from the oldest captured message on and
@@ -219,27 +222,25 @@ func (p *subscriber) CreateSnapshot(ctx context.Context, req *pubsubpb.CreateSna
 func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapRecord, error) {
 	rec := snapRecord{UID: uid, TopicID: e.topicID, TopicUID: e.topicUID, Created: time.Now(),
 		IDs: kubemqclient.Channel(snapIDsPrefix, e.id, uid)}
-	end, err := s.beginSeek(ctx, e.id)
+	// Seeks of the subscription wait; its pulls go on.
+	end, err := s.beginExclusive(ctx, e.id, false)
 	if err != nil {
 		return rec, err
 	}
 	defer end()
-	s.rtMu.Lock()
-	r := s.takeRuntimeLocked(e.id, e.uid)
-	s.rtMu.Unlock()
-	if r != nil {
-		// Its streams and Pulls end with UNAVAILABLE (clients pull again
-		// after the capture) and its leases go back to the queue.
-		r.mu.Lock()
-		if r.endErr == nil {
-			r.endErr = errSeeked
+	h, err := s.deliveries.Acquire(ctx, e.queue)
+	if err != nil {
+		if errors.Is(err, delivery.ErrNotOwner) || errors.Is(err, delivery.ErrClosed) {
+			return rec, status.Errorf(codes.Unavailable, "Subscription %s is being handed over between replicas; retry.", e.id)
 		}
-		r.mu.Unlock()
-		r.close(false)
+		return rec, err
 	}
-	if !s.deliveries.Retire(e.queue) {
-		return rec, status.Errorf(codes.Unavailable, "Subscription %s is busy on this replica; retry.", e.id)
+	defer h.Close()
+	resume, err := h.Consumer().Pause(ctx)
+	if err != nil {
+		return rec, err
 	}
+	defer resume()
 	last, ok, err := s.be.lastLogEvent(ctx, topicChannel(e.topicID))
 	if err != nil {
 		return rec, err
@@ -263,6 +264,40 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 		chunk = chunk[:0]
 		return err
 	}
+	add := func(id string, tags map[string]string) error {
+		if pt, err := time.Parse(time.RFC3339Nano, tags[TagPublishTime]); err == nil && pt.Before(oldest) {
+			oldest = pt
+		}
+		chunk = append(chunk, id)
+		rec.Count++
+		if len(chunk) == snapIDsPerEvent {
+			return flush()
+		}
+		return nil
+	}
+	// What the engine holds, first: a lease settled from now on is still
+	// in the snapshot, and a redelivery copy the engine stores in the queue
+	// meanwhile is listed here, so it is skipped below.
+	type held struct {
+		id   string
+		tags map[string]string
+	}
+	var leased []held
+	h.Consumer().LeasedMessages(func(m *delivery.Message) {
+		if id := m.Tags[TagMessageID]; id != "" {
+			leased = append(leased, held{id, m.Tags})
+		}
+	})
+	listed := make(map[string]struct{}, len(leased))
+	for _, l := range leased {
+		if _, dup := listed[l.id]; dup {
+			continue
+		}
+		listed[l.id] = struct{}{}
+		if err := add(l.id, l.tags); err != nil {
+			return rec, err
+		}
+	}
 	hold := kubemqclient.Channel(snapHoldPrefix, e.id, e.uid)
 	// A capture that failed half-way (or a crash) may have left messages
 	// in the holding queue: they go back first.
@@ -274,15 +309,10 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 		if id == "" || isLeaseRecord(m.Tags) {
 			return nil // native messages and lease records are moved, not captured
 		}
-		if pt, err := time.Parse(time.RFC3339Nano, m.Tags[TagPublishTime]); err == nil && pt.Before(oldest) {
-			oldest = pt
+		if _, ok := listed[id]; ok {
+			return nil
 		}
-		chunk = append(chunk, id)
-		rec.Count++
-		if len(chunk) == snapIDsPerEvent {
-			return flush()
-		}
-		return nil
+		return add(id, m.Tags)
 	})
 	if err == nil {
 		err = flush()
@@ -462,18 +492,21 @@ func (s *Server) readSnapshotIDs(ctx context.Context, rec snapRecord) (map[strin
 	if rec.Events == 0 {
 		return ids, nil
 	}
-	n := uint64(0)
+	n, read := uint64(0), 0
 	err := s.be.readAll(ctx, rec.IDs, rec.Events, func(evs []kubemqclient.EventReceive) error {
 		for _, ev := range evs {
 			n++
 			for _, id := range strings.Split(string(ev.Body), "\n") {
 				ids[id] = struct{}{}
+				read++
 			}
 		}
 		return nil
 	})
-	if err == nil && (n < rec.Events || len(ids) < rec.Count) {
-		err = status.Errorf(codes.FailedPrecondition, "The snapshot's message list is no longer retained by KubeMQ (%d of %d ids read).", len(ids), rec.Count)
+	// Count is of the ids listed: a message the queue held twice (a copy
+	// stored twice) is listed twice.
+	if err == nil && (n < rec.Events || read < rec.Count) {
+		err = status.Errorf(codes.FailedPrecondition, "The snapshot's message list is no longer retained by KubeMQ (%d of %d ids read).", read, rec.Count)
 	}
 	return ids, err
 }

@@ -40,17 +40,17 @@ func (b kubemqBackend) readAll(ctx context.Context, channel string, n uint64, fn
 }
 
 // move reads from with one transaction at a time on a stream of its own
-// (the queue's lease engine must not be running: docs/kubemq.md 8.8),
+// (the queue's lease engine must not be reading: docs/kubemq.md 8.8),
 // stores each batch in to (in order, one batch after the other) and only
 // then acknowledges it, so a failure or a crash leaves every message in
-// one of the two queues.
+// one of the two queues. Each Get is sized from QueuesInfo's count, so it
+// answers at once, and once the count is used up a barrier and a new
+// count tell whether the queue is empty: the empty Get that would say so
+// waits a full second (docs/kubemq.md 8.2, 9.4 rule 4).
 func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) error) (int, error) {
-	info, err := b.c.QueuesInfo(ctx, from)
-	if err != nil {
+	known, err := b.waitingIn(ctx, from)
+	if err != nil || known == 0 {
 		return 0, err
-	}
-	if q, l := info.Lookup(from); l == kubemqclient.NotListed || (l == kubemqclient.Listed && q.Waiting <= 0) {
-		return 0, nil
 	}
 	d, err := b.c.OpenDownstream(ctx)
 	if err != nil {
@@ -61,16 +61,33 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 	// can strand its messages (docs/kubemq.md 8.7); its wait is short.
 	gctx := context.WithoutCancel(ctx)
 	n := 0
+	lastTx := ""
 	for {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		tx, err := d.Get(gctx, kubemqclient.GetRequest{Channel: from, MaxItems: moveBatch, Wait: time.Second})
+		if known == 0 {
+			// Counted out: once the last ack is processed, count again.
+			if err := d.Sync(gctx, lastTx); err != nil {
+				return n, err
+			}
+			if known, err = b.waitingIn(ctx, from); err != nil || known == 0 {
+				return n, err
+			}
+		}
+		size := moveBatch
+		if known > 0 {
+			size = int(min(known, moveBatch))
+		}
+		tx, err := d.Get(gctx, kubemqclient.GetRequest{Channel: from, MaxItems: size, Wait: time.Second})
 		if err != nil {
 			return n, err
 		}
 		if len(tx.Messages) == 0 {
 			return n, nil
+		}
+		if known > 0 {
+			known = max(known-int64(len(tx.Messages)), 0)
 		}
 		out := make([]kubemqclient.QueueMessage, len(tx.Messages))
 		for i := range tx.Messages {
@@ -98,6 +115,23 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 		if err := d.AckAll(tx.ID); err != nil {
 			return n, err
 		}
+		lastTx = tx.ID
 		n += len(out)
 	}
+}
+
+// waitingIn is QueuesInfo's count of queue: 0 when it is not listed, -1
+// when the server cannot count it (kubemqclient.Ambiguous).
+func (b kubemqBackend) waitingIn(ctx context.Context, queue string) (int64, error) {
+	info, err := b.c.QueuesInfo(ctx, queue)
+	if err != nil {
+		return 0, err
+	}
+	switch q, l := info.Lookup(queue); l {
+	case kubemqclient.NotListed:
+		return 0, nil
+	case kubemqclient.Listed:
+		return max(q.Waiting, 0), nil
+	}
+	return -1, nil
 }

@@ -14,20 +14,36 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/kubemq-io/kubemq-proxy/gcp"
 )
 
 // BenchmarkSnapshot: CreateSnapshot of a subscription with a backlog of
 // 100k messages ($BENCH_SNAPSHOT_N), then Seek to that snapshot, and, as
 // the reference measured in the same run, Seek to a time before the
 // backlog (the same messages made deliverable again). The proxy only: the
-// Go pstest does not implement snapshots.
+// Go pstest does not implement snapshots. backend=default is the suite's
+// backend (the embedded server, or $KUBEMQ_ADDRESS); with
+// $BENCH_KUBEMQ=host:port, backend=kubemq measures the same on that KubeMQ
+// in the same run.
 func BenchmarkSnapshot(b *testing.B) {
+	b.Run("backend=default", func(b *testing.B) {
+		addr, project := benchTargets[0].start(b)
+		benchSnapshot(b, addr, project)
+	})
+	if k := os.Getenv("BENCH_KUBEMQ"); k != "" {
+		b.Run("backend=kubemq", func(b *testing.B) {
+			e := startEnv(b, withKubeMQ(k), withGCP(func(o *gcp.Options) { o.Config.MaxInflightPerSubscription = 200_000 }))
+			benchSnapshot(b, e.addr, e.project)
+		})
+	}
+}
+
+func benchSnapshot(b *testing.B, addr, project string) {
 	n := 100_000
 	if v, _ := strconv.Atoi(os.Getenv("BENCH_SNAPSHOT_N")); v > 0 {
 		n = v
 	}
-	tg := benchTargets[0]
-	addr, project := tg.start(b)
 	c := benchClient(b, addr, project)
 	topicID, subID := benchTopology(b, c, project)
 	sub := "projects/" + project + "/subscriptions/" + subID

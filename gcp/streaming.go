@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,7 +66,10 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 		return s.deliveryStatus(sn, err)
 	}
 	defer release()
-	applyStreamRequest(rt, first)
+	out := &streamSender{Subscriber_StreamingPullServer: stream}
+	if err := p.applyStream(ctx, out, rt, first); err != nil {
+		return s.deliveryStatus(sn, err)
+	}
 
 	errc := make(chan error, 2)
 	// The receive loop ends when the RPC does (Recv fails then); it is
@@ -93,13 +97,16 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 				}
 				deadline.Store(int64(sec) * int64(time.Second))
 			}
-			applyStreamRequest(rt, req)
+			if err := p.applyStream(ctx, out, rt, req); err != nil {
+				errc <- err
+				return
+			}
 		}
 	}()
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
-		errc <- p.sendLoop(ctx, stream, rt, f, &deadline)
+		errc <- p.sendLoop(ctx, out, rt, f, &deadline)
 	}()
 
 	timer := time.NewTimer(s.cfg.StreamCloseAfter)
@@ -140,6 +147,50 @@ func checkModacks(req *pubsubpb.StreamingPullRequest) error {
 	return nil
 }
 
+// streamSender serialises the sends of a stream's send loop and of its
+// exactly-once confirmations.
+type streamSender struct {
+	pubsubpb.Subscriber_StreamingPullServer
+	mu sync.Mutex
+}
+
+func (s *streamSender) Send(resp *pubsubpb.StreamingPullResponse) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Subscriber_StreamingPullServer.Send(resp)
+}
+
+// applyStream applies a request's acks and modacks; on an exactly-once
+// subscription it answers them on the stream with Google's confirmations
+// (eod.go).
+func (p *subscriber) applyStream(ctx context.Context, out *streamSender, rt *subRuntime, req *pubsubpb.StreamingPullRequest) error {
+	if !rt.exactlyOnce() {
+		applyStreamRequest(rt, req)
+		return nil
+	}
+	resp := p.s.confirmStream(ctx, rt, req)
+	if resp == nil {
+		return nil
+	}
+	resp.SubscriptionProperties = streamProperties(rt.entry())
+	return out.Send(resp)
+}
+
+// streamProperties are the subscription's properties as responses carry
+// them; nil for a deleted subscription.
+func streamProperties(e *subEntry) *pubsubpb.StreamingPullResponse_SubscriptionProperties {
+	if e == nil {
+		return nil
+	}
+	return &pubsubpb.StreamingPullResponse_SubscriptionProperties{
+		MessageOrderingEnabled: e.proto.GetEnableMessageOrdering(),
+		// The client libraries ack and modack exactly-once subscriptions
+		// by unary RPCs and read each id's outcome from the answer; acks
+		// sent on the stream are confirmed on it (eod.go).
+		ExactlyOnceDeliveryEnabled: e.proto.GetEnableExactlyOnceDelivery(),
+	}
+}
+
 func applyStreamRequest(rt *subRuntime, req *pubsubpb.StreamingPullRequest) {
 	if ids := req.GetAckIds(); len(ids) > 0 {
 		rt.ack(ids)
@@ -160,7 +211,7 @@ func applyStreamRequest(rt *subRuntime, req *pubsubpb.StreamingPullRequest) {
 // sendLoop sends what fetchLoop leases, one batch behind it: while a
 // batch is on its way to the client the next Fetch already waits in the
 // engine, so its poller keeps draining instead of idling during the send.
-func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_StreamingPullServer, rt *subRuntime, f *flow, deadline *atomic.Int64) error {
+func (p *subscriber) sendLoop(ctx context.Context, stream *streamSender, rt *subRuntime, f *flow, deadline *atomic.Int64) error {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	batches := make(chan fetched, 1)
@@ -175,16 +226,7 @@ func (p *subscriber) sendLoop(ctx context.Context, stream pubsubpb.Subscriber_St
 		if b.err != nil {
 			return b.err
 		}
-		e := rt.entry()
-		resp := &pubsubpb.StreamingPullResponse{ReceivedMessages: b.msgs}
-		if e != nil {
-			resp.SubscriptionProperties = &pubsubpb.StreamingPullResponse_SubscriptionProperties{
-				MessageOrderingEnabled: e.proto.GetEnableMessageOrdering(),
-				// The client libraries then ack and modack by unary RPCs
-				// and read each id's outcome from the answer (eod.go).
-				ExactlyOnceDeliveryEnabled: e.proto.GetEnableExactlyOnceDelivery(),
-			}
-		}
+		resp := &pubsubpb.StreamingPullResponse{ReceivedMessages: b.msgs, SubscriptionProperties: streamProperties(rt.entry())}
 		if err := stream.Send(resp); err != nil {
 			// The messages stay leased until their deadline, as on Google
 			// (and so do those fetched ahead).

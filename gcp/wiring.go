@@ -87,6 +87,12 @@ func (t registryTopology) Delete(ctx context.Context, kind, key string) error {
 	return t.r.Delete(ctx, kind, key)
 }
 
+func (t registryTopology) putIf(ctx context.Context, kind, key string, value any, base registry.Base) error {
+	return t.r.PutIf(ctx, kind, key, value, base)
+}
+
+func (t registryTopology) baseOf(kind, key string) registry.Base { return t.r.BaseOf(kind, key) }
+
 func (t registryTopology) list(kind string) []record {
 	recs := t.r.List(kind)
 	out := make([]record, len(recs))

@@ -82,7 +82,34 @@ type Deps struct {
 	// Peers reaches the replica that consumes a queue; nil when this replica cannot forward
 	// (no cluster secret).
 	Peers *Peers
+	// Fleet names the replicas that share this KubeMQ (the ownership log's members).
+	Fleet *Fleet
 }
+
+// Fleet names the replicas that share this KubeMQ, as the ownership log knows them.
+type Fleet struct{ c *cluster.Cluster }
+
+// ID is this replica's id.
+func (f *Fleet) ID() string { return f.c.ID() }
+
+// Alive returns the ids of the replicas heard from within the lease, this one included; nil
+// until the ownership log has been read up to now.
+func (f *Fleet) Alive() []string {
+	select {
+	case <-f.c.Ready():
+	default:
+		return nil
+	}
+	ms := f.c.Members()
+	ids := make([]string, 0, len(ms))
+	for _, m := range ms {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+// Lease is how long a replica stays alive in the log after its last heartbeat.
+func (f *Fleet) Lease() time.Duration { return f.c.Lease() }
 
 // Peers reaches the replica that consumes a queue, when several share one KubeMQ.
 type Peers struct {
@@ -736,6 +763,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		}
 		deps.Peers = &Peers{c: c, p: p.peers, self: advertise}
 	}
+	deps.Fleet = &Fleet{c: c}
 	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))
 	return nil
 }

@@ -6,7 +6,10 @@
 // writes in. Because KubeMQ forgets events after its retention age (24 h by
 // default), each replica periodically rewrites a compact snapshot of the
 // live records, carrying their original versions so a snapshot never
-// overrides a newer write.
+// overrides a newer write. A conditional write (PutIf) names the version it
+// replaces and is judged by every replica against the log read up to its
+// own place in it, so all replicas take the same decision: of two writes
+// on one base, the one the log holds first wins.
 package registry
 
 import (
@@ -35,7 +38,20 @@ type Record struct {
 	Version uint64          `json:"ver"`
 	Writer  string          `json:"w"`
 	Time    int64           `json:"t"` // unix ns of the write, for tombstone expiry
+	// If makes the write conditional (PutIf): it is applied only if, at
+	// its place in the log, the record it replaces is this one.
+	If *Base `json:"if,omitempty"`
 }
+
+// Base names the version of a record a conditional write expects to
+// replace; the zero Base expects no record at all.
+type Base struct {
+	Version uint64 `json:"ver"`
+	Writer  string `json:"w"`
+}
+
+// ErrConflict: a conditional write found another record than its base.
+var ErrConflict = errors.New("registry: the record was changed by another write")
 
 // newer reports whether r wins over o.
 func (r *Record) newer(o *Record) bool {
@@ -91,6 +107,13 @@ type Registry struct {
 	nextWatch int
 	replayed  bool
 	syncNonce string
+	// logView is the version of every record as of the log read so far,
+	// in log order (local writes not yet read back left out): every
+	// replica judges a conditional write against it at the same place of
+	// the log, and so alike. pending: this replica's conditional writes
+	// waiting for their verdict, by version.
+	logView map[string]map[string]Base
+	pending map[uint64]chan bool
 
 	replayedCh chan struct{}
 	ctx        context.Context
@@ -125,6 +148,8 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		log:        opts.Logger,
 		records:    map[string]map[string]*Record{},
 		watchers:   map[int]func(Change){},
+		logView:    map[string]map[string]Base{},
+		pending:    map[uint64]chan bool{},
 		replayedCh: make(chan struct{}),
 		syncNonce:  randomID(),
 	}
@@ -211,6 +236,81 @@ func (r *Registry) Put(ctx context.Context, kind, key string, value any) error {
 		return fmt.Errorf("registry: encode %s %q: %w", kind, key, err)
 	}
 	return r.write(ctx, Record{Kind: kind, Key: key, Value: raw})
+}
+
+// BaseOf names the current version of (kind, key) in this replica's
+// view, for PutIf; the zero Base when there is none.
+func (r *Registry) BaseOf(kind, key string) Base {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if rec, ok := r.records[kind][key]; ok {
+		return Base{Version: rec.Version, Writer: rec.Writer}
+	}
+	return Base{}
+}
+
+// PutIf writes (kind, key) = value only if the record it replaces is
+// base: the write goes to the log, and every replica, this one included,
+// applies it only if at its place in the log the record is still base
+// (compare-and-set). It returns once this replica has read it back:
+// ErrConflict when another write came first.
+func (r *Registry) PutIf(ctx context.Context, kind, key string, value any, base Base) error {
+	raw, err := json.Marshal(value)
+	if err != nil {
+		return fmt.Errorf("registry: encode %s %q: %w", kind, key, err)
+	}
+	verdict := make(chan bool, 1)
+	r.mu.Lock()
+	r.clock++
+	rec := Record{Kind: kind, Key: key, Value: raw, Version: r.clock, Writer: r.opts.ReplicaID, Time: time.Now().UnixNano(), If: &base}
+	r.pending[rec.Version] = verdict
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.pending, rec.Version)
+		r.mu.Unlock()
+	}()
+	if err := r.publish(ctx, event{Records: []Record{rec}}); err != nil {
+		return err
+	}
+	select {
+	case ok := <-verdict:
+		if !ok {
+			return ErrConflict
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("registry: conditional write of %s %q not read back: %w", kind, key, ctx.Err())
+	case <-r.ctx.Done():
+		return errors.New("registry: closed")
+	}
+}
+
+// readBack merges a record read from the log into logView; a conditional
+// one only if its base is the current version there. It reports whether
+// the record is to be applied and, for this replica's conditional write,
+// where its writer waits for the verdict.
+func (r *Registry) readBack(rec Record) (ok bool, verdict chan bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	byKey := r.logView[rec.Kind]
+	if byKey == nil {
+		byKey = map[string]Base{}
+		r.logView[rec.Kind] = byKey
+	}
+	cur, exists := byKey[rec.Key]
+	ok = true
+	if rec.If != nil {
+		ok = exists && cur == *rec.If || !exists && *rec.If == (Base{})
+		if rec.Writer == r.opts.ReplicaID {
+			verdict = r.pending[rec.Version]
+		}
+	}
+	next := Base{Version: rec.Version, Writer: rec.Writer}
+	if ok && (!exists || (&Record{Version: next.Version, Writer: next.Writer}).newer(&Record{Version: cur.Version, Writer: cur.Writer})) {
+		byKey[rec.Key] = next
+	}
+	return ok, verdict
 }
 
 // Delete writes a tombstone for (kind, key).
@@ -339,7 +439,15 @@ func (r *Registry) followOnce() error {
 			continue
 		}
 		for _, rec := range body.Records {
-			r.apply(rec, false)
+			ok, verdict := r.readBack(rec)
+			if ok { // else a conditional write that lost
+				local := rec.If != nil && rec.Writer == r.opts.ReplicaID
+				rec.If = nil
+				r.apply(rec, local)
+			}
+			if verdict != nil {
+				verdict <- ok // after the watchers saw it
+			}
 		}
 		if body.Snapshot != "" {
 			r.mu.Lock()

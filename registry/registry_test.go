@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -286,4 +287,67 @@ func TestWriteVisibleToWatchersOnReturn(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// TestPutIfOneWinner: two replicas writing one record conditionally on the same base, at once:
+// exactly one succeeds, the other gets ErrConflict, and both (and a third replica started
+// afterwards) hold the winner's value; a write on a stale base fails, one on the current base
+// succeeds, and a conditional creation fails once the record exists.
+func TestPutIfOneWinner(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	a := open(t, dial(t, addr), ch)
+	defer a.Close()
+	b := open(t, dial(t, addr), ch)
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.PutIf(ctx, "iam", "k", "v0", registry.Base{}); err != nil {
+		t.Fatalf("conditional creation: %v", err)
+	}
+	if err := b.PutIf(ctx, "iam", "k", "again", registry.Base{}); !errors.Is(err, registry.ErrConflict) {
+		t.Fatalf("second conditional creation: %v, want ErrConflict", err)
+	}
+	waitFor(t, "b to see v0", func() bool { v, _ := value(t, b, "iam", "k"); return v == "v0" })
+	for round := range 5 {
+		base := a.BaseOf("iam", "k")
+		if bb := b.BaseOf("iam", "k"); bb != base {
+			t.Fatalf("round %d: bases differ: %+v %+v", round, base, bb)
+		}
+		va, vb := fmt.Sprintf("a%d", round), fmt.Sprintf("b%d", round)
+		errs := make(chan error, 2)
+		go func() { errs <- a.PutIf(ctx, "iam", "k", va, base) }()
+		go func() { errs <- b.PutIf(ctx, "iam", "k", vb, base) }()
+		ea, eb := <-errs, <-errs
+		won := 0
+		for _, err := range []error{ea, eb} {
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, registry.ErrConflict):
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d writers won", round, won)
+		}
+		waitFor(t, "both replicas to agree", func() bool {
+			x, _ := value(t, a, "iam", "k")
+			y, _ := value(t, b, "iam", "k")
+			return x == y && (x == va || x == vb)
+		})
+		if err := a.PutIf(ctx, "iam", "k", "stale", base); !errors.Is(err, registry.ErrConflict) {
+			t.Fatalf("round %d: write on a stale base: %v", round, err)
+		}
+	}
+	want, _ := value(t, a, "iam", "k")
+	c := open(t, dial(t, addr), ch)
+	defer c.Close()
+	if got, _ := value(t, c, "iam", "k"); got != want {
+		t.Fatalf("a replica started afterwards holds %q, want %q", got, want)
+	}
+	if err := c.PutIf(ctx, "iam", "k", "from-c", c.BaseOf("iam", "k")); err != nil {
+		t.Fatalf("write on the current base: %v", err)
+	}
+	waitFor(t, "a to see c's write", func() bool { v, _ := value(t, a, "iam", "k"); return v == "from-c" })
 }

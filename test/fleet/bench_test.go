@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -22,7 +24,10 @@ import (
 //
 //	go test ./test/fleet/ -run '^$' -bench BenchmarkFleet -benchtime=1x
 //
-// FLEET_BENCH_MESSAGES sets the messages per measurement (default 10000).
+// FLEET_BENCH_MESSAGES sets the messages per measurement (default 10000); FLEET_BENCH_PROTO
+// (pubsub or amqp) measures one protocol only; FLEET_BENCH_FORWARD_ONLY=1 runs only the
+// forwarding measurement; FLEET_BENCH_PROFILE=DIR writes CPU profiles of the holder and the
+// forwarding replica, taken while the forwarded consumer drains, into DIR.
 func BenchmarkFleet(b *testing.B) {
 	n := 10000
 	if v := os.Getenv("FLEET_BENCH_MESSAGES"); v != "" {
@@ -35,8 +40,16 @@ func BenchmarkFleet(b *testing.B) {
 	b.ResetTimer()
 	var table strings.Builder
 	fmt.Fprintf(&table, "%-7s %-8s %10s %10s %10s %8s %8s\n", "proto", "measure", "1 replica", "2 replicas", "3 replicas", "2/1", "3/1")
-	for _, proto := range []string{"pubsub", "amqp"} {
+	protos := []string{"pubsub", "amqp"}
+	if p := os.Getenv("FLEET_BENCH_PROTO"); p != "" {
+		protos = []string{p}
+	}
+	forwardOnly := os.Getenv("FLEET_BENCH_FORWARD_ONLY") == "1"
+	for _, proto := range protos {
 		for _, steady := range []bool{false, true} {
+			if forwardOnly {
+				break
+			}
 			measure := "drain"
 			if steady {
 				measure = "steady"
@@ -146,8 +159,10 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd float6
 		time.Sleep(2 * time.Second)
 		start := time.Now()
 		close(gate)
+		profiled := profileDuring(b, proto, i, []*replica{h, on})
 		l.waitFor(b, n-1, 10*time.Minute)
 		took := time.Since(start)
+		profiled()
 		cancel()
 		wg.Wait()
 		rate := float64(n-1) / took.Seconds()
@@ -329,4 +344,33 @@ func benchPublish(b *testing.B, proto string, rs []*replica, topic, target strin
 	if b.Failed() {
 		b.FailNow()
 	}
+}
+
+// profileDuring starts CPU profiles of rs (2 s, through their /debug/pprof/profile) when
+// FLEET_BENCH_PROFILE names a directory; the function it returns waits for them.
+func profileDuring(b *testing.B, proto string, run int, rs []*replica) func() {
+	dir := os.Getenv("FLEET_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for k, r := range rs {
+		if run == 0 && k > 0 {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body, err := proctest.Get("http://" + r.addr("http") + "/debug/pprof/profile?seconds=2")
+			if err != nil {
+				b.Errorf("profile of %s: %v", r.name, err)
+				return
+			}
+			path := filepath.Join(dir, fmt.Sprintf("%s-run%d-%s.pprof", proto, run, r.name))
+			if err := os.WriteFile(path, body, 0o644); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	return wg.Wait
 }

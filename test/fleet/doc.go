@@ -8,7 +8,7 @@
 //	go test ./test/fleet/ -v -count=1
 //
 // Beside those runs: per-key order of an ordered subscription across replicas (also with a
-// replica stopped), Seek through a replica that does not hold the subscription, AMQP exclusive
+// replica stopped), Seek and CreateSnapshot through a replica that does not hold the subscription, AMQP exclusive
 // consumers and queue.delete across processes, and BenchmarkFleet (1, 2 and 3 replicas on one
 // backend, and the cost of forwarding one consumer):
 //

@@ -38,6 +38,7 @@ func frontends() []proxy.FrontendFactory {
 						PushConnectTimeout:         d.Config.GCP.PushConnectTimeout,
 						PushAllowedHosts:           d.Config.GCP.PushAllowedHosts,
 						PushOIDCKeyFile:            d.Config.GCP.PushOIDCKeyFile,
+						DisableREST:                !d.Config.GCP.REST,
 					},
 				})
 			},

@@ -6,6 +6,8 @@ require (
 	cloud.google.com/go/iam v1.14.0
 	cloud.google.com/go/pubsub v1.52.0
 	cloud.google.com/go/pubsub/v2 v2.9.0
+	connectrpc.com/connect v1.19.1
+	connectrpc.com/vanguard v0.4.0
 	github.com/KimMachineGun/automemlimit v1.0.2
 	github.com/bufbuild/protocompile v0.14.1
 	github.com/chromedp/chromedp v0.23.0
@@ -23,6 +25,7 @@ require (
 	golang.org/x/sync v0.24.0
 	google.golang.org/api v0.304.0
 	google.golang.org/genproto v0.0.0-20261012220534-4341edf3f941
+	google.golang.org/genproto/googleapis/api v0.0.0-20261012220534-4341edf3f941
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -75,7 +78,6 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
-	google.golang.org/genproto/googleapis/api v0.0.0-20261012220534-4341edf3f941 // indirect
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc v1.5.1 // indirect
 )
 

@@ -19,6 +19,20 @@
 // ordering keys' windows, failures.go turns nacks and expiries into
 // retries, backoff and dead-lettering, sweep.go expires deadlines.
 //
+// # REST
+//
+// The v1 REST/JSON API shares the gRPC port (Config.DisableREST turns it
+// off). sniff.go reads the first bytes of each connection: the HTTP/2
+// preface goes to grpc.Server's own transport, as before, anything else
+// to an http.Server. rest.go serves that with connectrpc.com/vanguard,
+// which maps each google.api.http binding of the Pub/Sub and IAM protos to
+// a call of the same grpc.Server in process (grpc.Server.ServeHTTP), so
+// REST requests pass the same interceptors, readiness gate and limits.
+// Around the transcoder: Google's error bodies (errorRewriter), Google's
+// system query parameters, GET getIamPolicy (Pub/Sub's binding), a bound
+// on the JSON body, and the transcoder's refusals of bad input (before any
+// handler ran: markREST) answered as INVALID_ARGUMENT.
+//
 // # Flow control
 //
 // A StreamingPull stream may hold the client's max_outstanding_messages

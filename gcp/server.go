@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,9 @@ type Config struct {
 	// PushOIDCKeyFile is a PEM RSA private key that signs the tokens of
 	// oidc_token push configurations; "" sends no Authorization header.
 	PushOIDCKeyFile string
+	// DisableREST serves gRPC only; by default the Pub/Sub REST API is
+	// served on the same port (rest.go, sniff.go).
+	DisableREST bool
 }
 
 func (c *Config) setDefaults() {
@@ -154,6 +158,12 @@ type Server struct {
 
 	stopWatch func()
 	closeOnce sync.Once
+
+	rest        http.Handler // the REST API (rest.go); nil: gRPC only
+	restMu      sync.Mutex   // guards restClosed, splitters, restServers
+	restClosed  bool
+	splitters   []*splitter
+	restServers []*http.Server
 }
 
 // core is what newServer needs; New (wiring.go) builds it from the
@@ -236,13 +246,20 @@ func newServer(c core) (*Server, error) {
 		// window the client would wait for window updates within each one.
 		grpc.InitialWindowSize(1<<20),
 		grpc.InitialConnWindowSize(16<<20),
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready, s.draining.Load)),
+		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready, s.draining.Load), markREST),
 		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log, s.m), gateStream(s.ready)),
 	)
 	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
 	pubsubpb.RegisterSchemaServiceServer(s.grpc, &schemaService{s: s})
 	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{s: s})
+	if !s.cfg.DisableREST {
+		if s.rest, err = s.newREST(); err != nil {
+			s.stopWatch()
+			s.push.stop()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -263,6 +280,9 @@ func (s *Server) Name() string { return "gcp" }
 
 // Serve answers Pub/Sub RPCs on lis until Shutdown.
 func (s *Server) Serve(lis net.Listener) error {
+	if s.rest != nil {
+		return s.serveSplit(lis)
+	}
 	err := s.grpc.Serve(lis)
 	if errors.Is(err, grpc.ErrServerStopped) {
 		return nil
@@ -281,8 +301,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.drain(ctx)
 		s.push.stop()
 		close(s.stopping)
+		s.stopAccepting()
 		done := make(chan struct{})
 		go func() {
+			// REST calls run on grpc.Server.ServeHTTP, whose transports
+			// GracefulStop closes at once: they finish first.
+			s.stopREST(ctx)
 			s.grpc.GracefulStop()
 			close(done)
 		}()

@@ -36,6 +36,8 @@ type Config struct {
 // GCPConfig is the Pub/Sub v1 front-end (emulator mode: plaintext, no auth).
 type GCPConfig struct {
 	Listen string `mapstructure:"listen"`
+	// REST serves the Pub/Sub v1 REST API on the same port as gRPC.
+	REST bool `mapstructure:"rest"`
 	// MaxMessageBytes bounds one message (data + attributes).
 	MaxMessageBytes int `mapstructure:"max_message_bytes"`
 	// MaxInflightPerSubscription caps leased messages per subscription
@@ -271,7 +273,7 @@ type ShutdownConfig struct {
 // documents the same values.
 func Defaults() Config {
 	return Config{
-		GCP: GCPConfig{Listen: ":8085", MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
+		GCP: GCPConfig{Listen: ":8085", REST: true, MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
 			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute,
 			PushMaxConcurrency: 256, PushMaxPerSubscription: 64, PushConnectTimeout: 10 * time.Second},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,

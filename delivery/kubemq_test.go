@@ -667,3 +667,60 @@ func TestKubeMQManagerRetire(t *testing.T) {
 	}
 	checkStrict()
 }
+
+// TestQueueMetricsLabelled: the lease engine's per-queue series carry the KubeMQ queue as a
+// label up to Options.MetricsQueueLabels queues; later queues are summed under "_other".
+func TestQueueMetricsLabelled(t *testing.T) {
+	addr, checkStrict := testServer(t)
+	cl := dial(t, addr)
+	reg := prometheus.NewPedanticRegistry()
+	m := newKubeMQManager(t, cl, Options{RecordDelay: time.Second, MetricsQueueLabels: 1}, reg)
+	ctx := context.Background()
+	q1, q2, q3 := uniqueQueue(t)+"a", uniqueQueue(t)+"b", uniqueQueue(t)+"c"
+	held := map[string]int{q1: 3, q2: 2, q3: 4}
+	for _, q := range []string{q1, q2, q3} { // q1 first: it gets the one label
+		h, err := m.Acquire(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		produce(t, cl.Client, q, ids(held[q]+1, q), 0)
+		ds := fetchFor(t, h, held[q]+1, 10*time.Second)
+		if len(ds) != held[q]+1 {
+			t.Fatalf("%s: fetched %d", q, len(ds))
+		}
+		h.Ack(ds[0].LeaseID)
+	}
+	want := map[string]float64{q1: 3, "_other": 6}
+	acked := map[string]float64{q1: 1, "_other": 2}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "kubemq_proxy_delivery_queue_leases_out", "kubemq_proxy_delivery_queue_acked_total":
+		default:
+			continue
+		}
+		if len(mf.GetMetric()) != 2 {
+			t.Errorf("%s: %d series, want 2 (one labelled queue and _other)", mf.GetName(), len(mf.GetMetric()))
+		}
+		for _, s := range mf.GetMetric() {
+			label := s.GetLabel()[0].GetValue()
+			exp, got := want[label], s.GetGauge().GetValue()
+			if mf.GetName() == "kubemq_proxy_delivery_queue_acked_total" {
+				exp, got = acked[label], s.GetCounter().GetValue()
+			}
+			if got != exp {
+				t.Errorf("%s{queue=%q} = %v, want %v", mf.GetName(), label, got, exp)
+			}
+			seen++
+		}
+	}
+	if seen != 4 {
+		t.Errorf("saw %d per-queue values, want 4", seen)
+	}
+	checkStrict()
+}

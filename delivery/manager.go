@@ -32,7 +32,8 @@ type Manager struct {
 	mu           sync.Mutex
 	queues       map[string]*managed
 	retired      map[string]*identity
-	closedTotals Stats // counters of Consumers already closed
+	closedTotals Stats           // counters of Consumers already closed
+	labelled     map[string]bool // queues with a label of their own in the per-queue series
 	closed       bool
 	wg           sync.WaitGroup // linger goroutines and the outage watcher
 	ctx          context.Context

@@ -57,7 +57,8 @@ func (m *Manager) Totals() (s Stats, consumers int) {
 	return s, len(cs)
 }
 
-// collector exports a Manager's Totals at scrape time (no per-queue labels: ordering keys can
+// collector exports a Manager's Totals at scrape time, and a few series per queue under a
+// bounded queue label (Options.MetricsQueueLabels: ordering keys and server-named queues can
 // make queues unbounded).
 type collector struct{ m *Manager }
 
@@ -119,8 +120,77 @@ var metricDescs = func() []metricDesc {
 	}
 }()
 
+// otherQueue is the queue label shared by the queues past Options.MetricsQueueLabels.
+const otherQueue = "_other"
+
+// queueDescs are the per-queue series: the open Consumer of each queue (a counter starts
+// again from 0 when its queue's Consumer is replaced, as Prometheus counters may).
+var queueDescs = func() []metricDesc {
+	g := func(name, help string, f func(*Stats) uint64) metricDesc {
+		return metricDesc{prometheus.NewDesc(metricPrefix+"queue_"+name, help, []string{"queue"}, nil), prometheus.GaugeValue,
+			func(s *Stats, _ int) float64 { return float64(f(s)) }}
+	}
+	c := func(name, help string, f func(*Stats) uint64) metricDesc {
+		return metricDesc{prometheus.NewDesc(metricPrefix+"queue_"+name+"_total", help, []string{"queue"}, nil), prometheus.CounterValue,
+			func(s *Stats, _ int) float64 { return float64(f(s)) }}
+	}
+	return []metricDesc{
+		g("leases_out", "Deliveries handed out and not settled, by KubeMQ queue.", func(s *Stats) uint64 { return uint64(s.Out) }),
+		g("leases_buffered", "Recorded messages waiting for a Fetch, by KubeMQ queue.", func(s *Stats) uint64 { return uint64(s.Buffered) }),
+		c("delivered", "Deliveries handed out, by KubeMQ queue (open Consumer).", func(s *Stats) uint64 { return s.Delivered }),
+		c("acked", "Deliveries acked, by KubeMQ queue (open Consumer).", func(s *Stats) uint64 { return s.Acked }),
+		c("redelivered", "Redelivery copies enqueued, by KubeMQ queue (open Consumer).", func(s *Stats) uint64 { return s.Redelivered }),
+		c("store_failures", "Get batches given back because their record could not be stored, by KubeMQ queue (open Consumer).",
+			func(s *Stats) uint64 { return s.StoreFailures }),
+	}
+}()
+
+// queueLabelLocked returns queue's label in the per-queue series. Under m.mu.
+func (m *Manager) queueLabelLocked(queue string) string {
+	if m.labelled[queue] {
+		return queue
+	}
+	if len(m.labelled) >= m.opts.MetricsQueueLabels {
+		return otherQueue
+	}
+	if m.labelled == nil {
+		m.labelled = map[string]bool{}
+	}
+	m.labelled[queue] = true
+	return queue
+}
+
+// byQueue returns the open Consumers' Stats by queue label.
+func (m *Manager) byQueue() map[string]*Stats {
+	m.mu.Lock()
+	type one struct {
+		label string
+		c     *Consumer
+	}
+	cs := make([]one, 0, len(m.queues))
+	for q, e := range m.queues {
+		if e.c != nil {
+			cs = append(cs, one{m.queueLabelLocked(q), e.c})
+		}
+	}
+	m.mu.Unlock()
+	out := map[string]*Stats{}
+	for _, o := range cs {
+		s := out[o.label]
+		if s == nil {
+			s = &Stats{}
+			out[o.label] = s
+		}
+		s.add(o.c.Stats())
+	}
+	return out
+}
+
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range metricDescs {
+		ch <- d.d
+	}
+	for _, d := range queueDescs {
 		ch <- d.d
 	}
 }
@@ -129,5 +199,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	s, n := c.m.Totals()
 	for _, d := range metricDescs {
 		ch <- prometheus.MustNewConstMetric(d.d, d.typ, d.value(&s, n))
+	}
+	for label, qs := range c.m.byQueue() {
+		for _, d := range queueDescs {
+			ch <- prometheus.MustNewConstMetric(d.d, d.typ, d.value(qs, 0), label)
+		}
 	}
 }

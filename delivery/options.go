@@ -57,6 +57,10 @@ type Options struct {
 	// another owner in returning records are then that owner's leftovers: redelivered at once
 	// unless Settlements reports them settled, instead of bounced until their expiry.
 	Owners Owners
+	// MetricsQueueLabels (Manager only) is how many distinct queues get their own queue label
+	// in the per-queue series (kubemq_proxy_delivery_queue_*), first come first labelled;
+	// later queues share the label "_other". Default 100; negative: every queue is "_other".
+	MetricsQueueLabels int
 }
 
 func (o *Options) setDefaults() error {
@@ -95,6 +99,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.StreamRecycle <= 0 {
 		o.StreamRecycle = 10000
+	}
+	if o.MetricsQueueLabels == 0 {
+		o.MetricsQueueLabels = 100
 	}
 	if o.Linger <= 0 {
 		o.Linger = 10 * time.Minute

@@ -221,6 +221,10 @@ type DeliveryConfig struct {
 	// messages after a restart or an outage. Shorter means more record
 	// traffic for leases held long.
 	RecordDelay time.Duration `mapstructure:"record_delay"`
+	// MetricsQueueLabels is how many KubeMQ queues get a label of their own in the lease
+	// engine's per-queue series (kubemq_proxy_delivery_queue_*); later ones share "_other".
+	// Negative: every queue is "_other".
+	MetricsQueueLabels int `mapstructure:"metrics_queue_labels"`
 }
 
 // ClusterConfig lets any number of replicas share one KubeMQ (a sidecar in every pod): one
@@ -289,7 +293,7 @@ func Defaults() Config {
 				DefaultVisibilitySeconds: 60},
 			GRPCBodyLimit: 100 << 20, MaxMemory: "25%"},
 		Registry: RegistryConfig{Channel: "kubemq-proxy.registry", SnapshotInterval: time.Hour},
-		Delivery: DeliveryConfig{RecordDelay: 10 * time.Second},
+		Delivery: DeliveryConfig{RecordDelay: 10 * time.Second, MetricsQueueLabels: 100},
 		Cluster:  ClusterConfig{Channel: "kubemq-proxy.cluster", Lease: 8 * time.Second, Heartbeat: time.Second},
 		Log:      LogConfig{Level: "info", Format: "json", Sampling: true},
 		Shutdown: ShutdownConfig{Timeout: 15 * time.Second},

@@ -308,7 +308,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	}
 	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{
 		Logger: p.log.Named("delivery"), RecordDelay: p.cfg.Delivery.RecordDelay,
-		Owners: owners{p.cluster}, Settlements: p.acks,
+		Owners: owners{p.cluster}, Settlements: p.acks, MetricsQueueLabels: p.cfg.Delivery.MetricsQueueLabels,
 	}, p.metrics)
 	if err != nil {
 		return fmt.Errorf("delivery: %w", err)

@@ -205,6 +205,7 @@ func (m *Manager) startLocked(ctx context.Context, queue string) (*managed, erro
 	}
 	e.c = c
 	m.queues[queue] = e
+	m.queueLabelLocked(queue) // labels go to queues in the order their Consumers start
 	if e.own != nil {
 		m.bg(func() { m.watchOwnership(e) })
 	}

@@ -15,6 +15,9 @@ type backlogCache struct {
 	idx *QueuesIndex
 }
 
+// backlogTimeout bounds QueuesInfoCached's call to KubeMQ.
+const backlogTimeout = 5 * time.Second
+
 // QueuesInfoCached returns QueuesInfo of every queue as an index, asking KubeMQ at most once
 // per maxAge: metrics, GET /state and the management API read per-queue backlogs from it, so
 // a scrape costs one QueuesInfo call whatever the number of queues, and frequent scrapes cost
@@ -28,6 +31,10 @@ func (c *Client) QueuesInfoCached(ctx context.Context, maxAge time.Duration) (*Q
 		return b.idx, b.at, nil
 	}
 	at := time.Now()
+	// Bounded: callers share the cache's lock, and a frozen server must not hold every scrape
+	// of /metrics, /state and the management API behind one unanswered call.
+	ctx, cancel := context.WithTimeout(ctx, backlogTimeout)
+	defer cancel()
 	info, err := c.QueuesInfo(ctx)
 	if err != nil {
 		return nil, time.Time{}, err

@@ -31,9 +31,10 @@ func (c *Client) QueuesInfoCached(ctx context.Context, maxAge time.Duration) (*Q
 		return b.idx, b.at, nil
 	}
 	at := time.Now()
-	// Bounded: callers share the cache's lock, and a frozen server must not hold every scrape
-	// of /metrics, /state and the management API behind one unanswered call.
-	ctx, cancel := context.WithTimeout(ctx, backlogTimeout)
+	// Bounded, and failing at once during an outage: callers share the cache's lock, and a
+	// frozen server must not hold every scrape of /metrics, /state and the management API
+	// behind one unanswered call.
+	ctx, cancel := context.WithTimeout(FailFast(ctx), backlogTimeout)
 	defer cancel()
 	info, err := c.QueuesInfo(ctx)
 	if err != nil {

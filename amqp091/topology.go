@@ -177,29 +177,7 @@ func (t *topology) apply(rec registry.Record) {
 	case kindTExchange, kindTQueue, kindTBinding:
 		t.applyTransient(v, parts, rec)
 	case kindExchange:
-		if rec.Deleted {
-			r := v.routes.DeleteExchange(parts[1])
-			for _, x := range r.Exchanges {
-				if x.Delayed && t.srv != nil {
-					t.srv.stopDelayHolder(v, x.Name)
-				}
-			}
-			return
-		}
-		var r exchangeRecord
-		if json.Unmarshal(rec.Value, &r) != nil {
-			return
-		}
-		args := decodeArgs(r.Args)
-		kind, delayed, ok := parseExchangeType(r.Type, args)
-		if !ok {
-			return
-		}
-		v.routes.PutExchange(routing.Exchange{Name: r.Name, Kind: kind, Durable: true,
-			AutoDelete: r.AutoDelete, Internal: r.Internal, Args: args, Delayed: delayed})
-		if delayed && t.srv != nil {
-			t.srv.startDelayHolder(v, r.Name)
-		}
+		t.applyExchange(v, parts[1], rec, true)
 	case kindQueue:
 		if rec.Deleted {
 			if q := v.lookupQueue(parts[1]); q != nil && q.persistent() {
@@ -251,6 +229,40 @@ func (t *topology) apply(rec registry.Record) {
 		}
 		v.routes.Bind(routing.Binding{Source: r.Source, Dest: routing.Dest{Exchange: r.DestExchange, Name: r.Dest},
 			Key: r.Key, Args: decodeArgs(r.Args)})
+	}
+}
+
+// applyExchange merges an exchange record (durable, or a non-durable one's of another
+// replica) or its tombstone. A non-durable record never replaces a durable exchange.
+func (t *topology) applyExchange(v *vhost, name string, rec registry.Record, durable bool) {
+	if rec.Deleted {
+		if x, ok := v.routes.Exchange(name); !ok || x.Durable != durable {
+			return
+		}
+		r := v.routes.DeleteExchange(name)
+		for _, x := range r.Exchanges {
+			if x.Delayed && t.srv != nil {
+				t.srv.stopDelayHolder(v, x.Name)
+			}
+		}
+		return
+	}
+	var r exchangeRecord
+	if json.Unmarshal(rec.Value, &r) != nil {
+		return
+	}
+	args := decodeArgs(r.Args)
+	kind, delayed, ok := parseExchangeType(r.Type, args)
+	if !ok {
+		return
+	}
+	if x, ok := v.routes.Exchange(r.Name); ok && x.Durable && !durable {
+		return
+	}
+	v.routes.PutExchange(routing.Exchange{Name: r.Name, Kind: kind, Durable: durable,
+		AutoDelete: r.AutoDelete, Internal: r.Internal, Args: args, Delayed: delayed})
+	if delayed && t.srv != nil {
+		t.srv.startDelayHolder(v, r.Name)
 	}
 }
 

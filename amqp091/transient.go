@@ -9,7 +9,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kubemq-io/kubemq-proxy/amqp091/routing"
 	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
@@ -271,33 +270,7 @@ func (t *topology) markExchangeOwned(key string) {
 func (t *topology) applyTransient(v *vhost, parts []string, rec registry.Record) {
 	switch rec.Kind {
 	case kindTExchange:
-		if rec.Deleted {
-			if x, ok := v.routes.Exchange(parts[1]); ok && !x.Durable {
-				r := v.routes.DeleteExchange(parts[1])
-				for _, x := range r.Exchanges {
-					if x.Delayed && t.srv != nil {
-						t.srv.stopDelayHolder(v, x.Name)
-					}
-				}
-			}
-			return
-		}
-		var r exchangeRecord
-		if json.Unmarshal(rec.Value, &r) != nil {
-			return
-		}
-		args := decodeArgs(r.Args)
-		kind, delayed, ok := parseExchangeType(r.Type, args)
-		if !ok {
-			return
-		}
-		if x, ok := v.routes.Exchange(r.Name); ok && x.Durable {
-			return
-		}
-		v.routes.PutExchange(routing.Exchange{Name: r.Name, Kind: kind, AutoDelete: r.AutoDelete, Internal: r.Internal, Args: args, Delayed: delayed})
-		if delayed && t.srv != nil {
-			t.srv.startDelayHolder(v, r.Name)
-		}
+		t.applyExchange(v, parts[1], rec, false)
 	case kindTBinding:
 		rec.Kind = kindBinding
 		t.apply(rec)

@@ -453,21 +453,26 @@ type apiExchange struct {
 	Arguments  map[string]any `json:"arguments"`
 }
 
+// apiVhostsOf is v alone, or every virtual host when v is nil (a path without a vhost).
+func (s *Server) apiVhostsOf(v *vhost) []*vhost {
+	if v != nil {
+		return []*vhost{v}
+	}
+	var out []*vhost
+	for _, n := range s.vhostNames() {
+		if vv, ok := s.vhostByName(n); ok {
+			out = append(out, vv)
+		}
+	}
+	return out
+}
+
 func (s *Server) apiExchanges(w http.ResponseWriter, r *http.Request, p apiPath) {
 	vname, v, ok := s.apiVhost(w, p)
 	if !ok {
 		return
 	}
-	var vhosts []*vhost
-	if v != nil {
-		vhosts = []*vhost{v}
-	} else {
-		for _, n := range s.vhostNames() {
-			if vv, ok := s.vhostByName(n); ok {
-				vhosts = append(vhosts, vv)
-			}
-		}
-	}
+	vhosts := s.apiVhostsOf(v)
 	var out []apiExchange
 	for _, vv := range vhosts {
 		for _, x := range vv.routes.Exchanges() {
@@ -524,16 +529,7 @@ func (s *Server) apiBindings(w http.ResponseWriter, r *http.Request, p apiPath) 
 	if !ok {
 		return
 	}
-	var vhosts []*vhost
-	if v != nil {
-		vhosts = []*vhost{v}
-	} else {
-		for _, n := range s.vhostNames() {
-			if vv, ok := s.vhostByName(n); ok {
-				vhosts = append(vhosts, vv)
-			}
-		}
-	}
+	vhosts := s.apiVhostsOf(v)
 	out := []apiBinding{}
 	for _, vv := range vhosts {
 		vn := vv.displayName()

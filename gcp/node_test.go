@@ -14,7 +14,12 @@ import (
 // TestNodeClient runs test/node-pubsub (the official Node client) against
 // the proxy. It needs node and `npm ci` in that directory (.ci/run does
 // both); without them it skips, or fails under CI.
-func TestNodeClient(t *testing.T) {
+func TestNodeClient(t *testing.T) { runNodeTest(t, "pubsub.test.mjs", "PUBSUB_EMULATOR_HOST") }
+
+// runNodeTest runs script of test/node-pubsub with node's test runner against a fresh proxy,
+// whose address it passes in endpointVar.
+func runNodeTest(t *testing.T, script, endpointVar string) {
+	t.Helper()
 	dir, err := filepath.Abs("../test/node-pubsub")
 	if err != nil {
 		t.Fatal(err)
@@ -29,14 +34,14 @@ func TestNodeClient(t *testing.T) {
 	e := startEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", "pubsub.test.mjs")
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", script)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PUBSUB_EMULATOR_HOST="+e.addr, "PUBSUB_PROJECT_ID="+e.project, "TEST_SUFFIX="+e.suffix,
+	cmd.Env = append(os.Environ(), endpointVar+"="+e.addr, "PUBSUB_PROJECT_ID="+e.project, "TEST_SUFFIX="+e.suffix,
 		// Never probe the GCE metadata server (a non-loopback address).
 		"METADATA_SERVER_DETECTION=none", "GCE_METADATA_HOST=127.0.0.1:1", "GCE_METADATA_IP=127.0.0.1:1")
 	out, err := cmd.CombinedOutput()
-	t.Logf("node --test:\n%s", out)
+	t.Logf("node --test %s:\n%s", script, out)
 	if err != nil {
-		t.Fatalf("node client test failed: %v", err)
+		t.Fatalf("node client test %s failed: %v", script, err)
 	}
 }

@@ -378,13 +378,7 @@ func (d *dispatcher) run() {
 			continue
 		}
 		if err != nil {
-			if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
-				return
-			}
-			d.failConsumers(err)
-			select { // the consumers' connections are closing
-			case <-d.kick:
-			case <-d.ctx.Done():
+			if d.fetchFailed(err) {
 				return
 			}
 			continue
@@ -400,6 +394,21 @@ func (d *dispatcher) run() {
 
 // failConsumers closes the connections of the consumers after a lease
 // engine failure (KubeMQ lost): their deliveries are void.
+// fetchFailed handles a fetch that failed: the dispatcher stops (true) when it is closing or
+// its handle is; else its consumers are failed and it waits for a kick before going on.
+func (d *dispatcher) fetchFailed(err error) (stop bool) {
+	if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
+		return true
+	}
+	d.failConsumers(err)
+	select { // the consumers' connections are closing
+	case <-d.kick:
+		return false
+	case <-d.ctx.Done():
+		return true
+	}
+}
+
 func (d *dispatcher) failConsumers(err error) {
 	d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
 	d.mu.Lock()

@@ -410,13 +410,7 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 				break
 			}
 			if err != nil {
-				if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
-					return
-				}
-				d.failConsumers(err)
-				select { // the consumers' connections are closing
-				case <-d.kick:
-				case <-d.ctx.Done():
+				if d.fetchFailed(err) {
 					return
 				}
 				served = true

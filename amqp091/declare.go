@@ -298,6 +298,7 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 		if !q.accessibleBy(ch.c) {
 			return errLocked(name, vn)
 		}
+		q.touch() // a use too (x-expires): RabbitMQ's stat restarts the timer
 		return ch.declareOk(q, m.NoWait)
 	}
 	name := m.Queue

@@ -224,6 +224,7 @@ func (ch *channel) stopConsumer(cs *consumer) {
 	ch.c.nConsumers.Add(-1)
 	ch.viewConsumers.Add(-1)
 	q := cs.q
+	judge := ch.c.srv.judges(q)
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)
 	if cs.exclusive {
@@ -236,8 +237,9 @@ func (ch *channel) stopConsumer(cs *consumer) {
 			cs.d.stop()
 		}
 	}
-	// Another replica's queue is auto-deleted by that replica (transient.go).
-	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted && !q.remote
+	// With replicas, the queue's holder judges: a forwarded consumer's end
+	// reaches it over the consumer's link (peer.go).
+	drop := q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted && judge
 	q.vh.mu.Unlock()
 	q.touch() // x-expires counts from the last consumer's end
 	if drop {

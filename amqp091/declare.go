@@ -377,16 +377,20 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 }
 
 // declareOk answers a declare of an existing queue with its counts: ready
-// messages from KubeMQ, consumers of this proxy.
+// messages from KubeMQ, consumers of this proxy. The declare is a use of q
+// (x-expires), which another replica that holds q learns with the count.
 func (ch *channel) declareOk(q *queue, noWait bool) error {
 	ch.lastQueue = q.name
 	if noWait {
+		if q.expires > 0 {
+			ch.c.srv.useRemote(q)
+		}
 		return nil
 	}
 	if err := ch.awaitPublishes(); err != nil {
 		return err
 	}
-	n, _, consumers, err := ch.c.srv.counts(ch.c.ctx, q) // 0 when KubeMQ cannot count the queue
+	n, _, consumers, err := ch.c.srv.counts(ch.c.ctx, q, true) // 0 when KubeMQ cannot count the queue
 	if err != nil {
 		return err
 	}
@@ -439,7 +443,7 @@ func (ch *channel) queueDelete(m *wire.QueueDelete) error {
 		if n == 0 && ch.c.srv.peers != nil {
 			// Consumers of other replicas are known to the queue's holder.
 			var err error
-			if _, _, n, err = ch.c.srv.counts(ch.c.ctx, q); err != nil {
+			if _, _, n, err = ch.c.srv.counts(ch.c.ctx, q, false); err != nil {
 				return err
 			}
 		}

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
 
@@ -23,6 +24,14 @@ import (
 // queue process does (messages expire at the head; with a queue TTL the
 // head is always the first to expire). The reaper also deletes a queue
 // with x-expires that went unused for that long.
+//
+// With replicas, the queue's holder alone judges x-expires (judges): every
+// consumer of the fleet is one of its consumers, forwarded basic.get calls
+// reach it, and a queue.declare through another replica tells it with the
+// count it asks for (QueueRequest.use). So that somebody judges a queue
+// nobody consumes, every replica's reaper of a queue with x-expires holds
+// it when nobody does (expiryHold); a replica that becomes the holder
+// starts the timer afresh, as a new RabbitMQ queue leader does.
 
 // reaper is a queue's expiry goroutine state.
 type reaper struct {
@@ -106,9 +115,13 @@ func (s *Server) startReaper(q *queue) {
 
 func (s *Server) reap(q *queue) {
 	var h *delivery.Handle
+	var hold *delivery.Handle // with replicas and x-expires: this replica's hold on q (expiryHold)
 	defer func() {
 		if h != nil {
 			h.Close()
+		}
+		if hold != nil {
+			hold.Close()
 		}
 		q.reap.mu.Lock()
 		trims := q.reap.trims
@@ -132,10 +145,11 @@ func (s *Server) reap(q *queue) {
 			return
 		}
 		wait := reapIdle
-		// With replicas, a durable queue's uses through another replica
-		// are not seen here: x-expires applies only to queues of this
-		// process, or without replicas (amqp091/README.md).
-		if q.expires > 0 && !q.remote && (s.peers == nil || !q.persistent()) {
+		judge := q.expires > 0
+		if judge && s.peers != nil {
+			hold = s.expiryHold(q, hold)
+		}
+		if judge && s.judges(q) && (s.peers == nil || hold != nil) {
 			if idle := time.Since(time.Unix(0, q.reap.lastUse.Load())); q.unused() && idle >= q.expires {
 				s.dropQueue(q, "queue expired (x-expires)", s.log)
 				return
@@ -177,6 +191,52 @@ func (s *Server) reap(q *queue) {
 		}
 		t.Reset(wait)
 	}
+}
+
+// expiryHold returns this replica's hold on q (h while it lasts, else a
+// new one, claiming q when nobody holds it), or nil while another replica
+// holds q. A replica that did not hold q before starts q's x-expires timer
+// afresh: the uses it saw are not all of them.
+func (s *Server) expiryHold(q *queue, h *delivery.Handle) *delivery.Handle {
+	cur := s.deliveries.Lookup(q.channel)
+	if h != nil {
+		if cur != nil && cur == h.Consumer() {
+			return h
+		}
+		h.Close() // the holding was lost (handed over, KubeMQ lost)
+	}
+	if cur == nil {
+		if _, other := s.peers.Owner(q.channel); other {
+			return nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	h, err := s.deliveries.Acquire(ctx, q.channel)
+	cancel()
+	if err != nil {
+		if !errors.Is(err, delivery.ErrNotOwner) && s.ctx.Err() == nil {
+			s.log.Debug("x-expires: cannot hold queue", zap.String("queue", q.name), zap.Error(err))
+		}
+		return nil
+	}
+	if cur == nil || cur != h.Consumer() {
+		q.touch()
+	}
+	return h
+}
+
+// useRemote tells the replica that holds q, when another one does, of a
+// use of q here that asks it nothing (a queue.declare with no-wait), on a
+// tracked goroutine.
+func (s *Server) useRemote(q *queue) {
+	if s.peers == nil {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.queueRemote(s.ctx, q, peerpb.QueueRequest_COUNT, true)
+	}()
 }
 
 // unused reports whether q has no consumers (x-expires).

@@ -68,8 +68,9 @@ func (q *queue) ref() *peerpb.QueueRef {
 
 // queueRemote asks the replica that holds q to count or purge it, when
 // another one does; false: this replica answers itself (it holds q, nobody
-// does, or the holder could not be asked).
-func (s *Server) queueRemote(ctx context.Context, q *queue, op peerpb.QueueRequest_Op) (*peerpb.QueueResponse, bool) {
+// does, or the holder could not be asked). use: the count is for a
+// queue.declare, a use of q the holder's x-expires timer counts.
+func (s *Server) queueRemote(ctx context.Context, q *queue, op peerpb.QueueRequest_Op, use bool) (*peerpb.QueueResponse, bool) {
 	if s.peers == nil || s.deliveries.Lookup(q.channel) != nil {
 		return nil, false
 	}
@@ -79,7 +80,7 @@ func (s *Server) queueRemote(ctx context.Context, q *queue, op peerpb.QueueReque
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	r, err := pc.Queue(ctx, &peerpb.QueueRequest{Queue: q.ref(), Op: op})
+	r, err := pc.Queue(ctx, &peerpb.QueueRequest{Queue: q.ref(), Op: op, Use: use})
 	if err != nil {
 		s.log.Debug("asking the queue's holder failed; answering here", zap.String("queue", q.name), zap.Error(err))
 		return nil, false

@@ -392,7 +392,7 @@ func (s *Server) apiDeleteQueue(w http.ResponseWriter, r *http.Request, p apiPat
 		q.vh.mu.Unlock()
 		if n == 0 && s.peers != nil {
 			var err error
-			if _, _, n, err = s.counts(ctx, q); err != nil {
+			if _, _, n, err = s.counts(ctx, q, false); err != nil {
 				s.apiBackendError(w, err)
 				return
 			}

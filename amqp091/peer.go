@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -52,6 +53,9 @@ type peerLink struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	wake   chan struct{} // cap 1: sendq has something
+	// failed: this replica ended the link (fail): its consumer's end does
+	// not count for auto-delete, the other replica opens a link anew.
+	failed atomic.Bool
 
 	mu      sync.Mutex // guards the fields below (and cs's delivery state)
 	credit  int
@@ -236,6 +240,7 @@ func (l *peerLink) register(open *peerpb.Open) error {
 	}
 	q.consumers[cs] = struct{}{}
 	q.hadConsumer = true
+	q.touch() // a use (x-expires)
 	if open.Exclusive {
 		q.exclusiveConsumer = true
 	}
@@ -252,7 +257,11 @@ func (l *peerLink) register(open *peerpb.Open) error {
 }
 
 // stopConsumer ends l's consumer: no delivery reaches it once this returns.
-func (l *peerLink) stopConsumer() {
+// gone tells that the other replica's consumer is gone (cancelled, its
+// channel closed, its replica gone), rather than moved by this replica:
+// an auto-delete queue that lost its last consumer is then deleted, as
+// for a local consumer (this replica holds the queue: it judges).
+func (l *peerLink) stopConsumer(gone bool) {
 	cs := l.cs
 	if cs == nil {
 		return
@@ -265,6 +274,7 @@ func (l *peerLink) stopConsumer() {
 		return
 	}
 	q := cs.q
+	judge := gone && l.s.judges(q)
 	q.vh.mu.Lock()
 	delete(q.consumers, cs)
 	if cs.exclusive {
@@ -275,7 +285,12 @@ func (l *peerLink) stopConsumer() {
 		q.disp = nil
 		cs.d.stop()
 	}
+	drop := judge && q.autoDelete && q.hadConsumer && len(q.consumers) == 0 && !q.deleted
 	q.vh.mu.Unlock()
+	q.touch() // x-expires counts from the last consumer's end
+	if drop {
+		l.s.dropQueueAsync(q, "auto-delete queue lost its last consumer", l.s.log)
+	}
 }
 
 // deliver hands d to the other replica if its credit allows (the
@@ -320,6 +335,7 @@ func (l *peerLink) signal() {
 // KubeMQ lost): the other replica resolves the holder again.
 func (l *peerLink) fail(err error) {
 	l.s.log.Info("ending a forwarded consumer", zap.String("queue", l.q.name), zap.Error(err))
+	l.failed.Store(true)
 	l.cancel(status.Errorf(codes.Unavailable, "kubemq-proxy: %v", err))
 }
 
@@ -327,7 +343,7 @@ func (l *peerLink) fail(err error) {
 // deleted); any goroutine, not under the vhost's lock.
 func (l *peerLink) cancelled(why string) {
 	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{Reason: why}}})
-	l.stopConsumer()
+	l.stopConsumer(false)
 }
 
 func (l *peerLink) sendLoop(stream peerpb.AMQPPeer_LinkServer) error {
@@ -412,7 +428,7 @@ func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
 			l.settle(k.Settle)
 		case *peerpb.LinkRequest_Cancel:
 			// Answered once no delivery can follow: basic.cancel-ok.
-			l.stopConsumer()
+			l.stopConsumer(true)
 			l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{}}})
 		case *peerpb.LinkRequest_Get:
 			if err := l.get(); err != nil {
@@ -471,6 +487,7 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 
 // get answers one forwarded basic.get as a local one would.
 func (l *peerLink) get() error {
+	l.q.touch() // a use (x-expires)
 	ctx, cancel := context.WithTimeout(l.ctx, getWait)
 	ds, h, err := l.s.tryFetchTop(ctx, l.q, l.h)
 	cancel()
@@ -508,9 +525,12 @@ func (l *peerLink) get() error {
 	return nil
 }
 
-// finish ends the consumer and puts what is still out back in place.
+// finish ends the consumer and puts what is still out back in place. A
+// link the other replica ended (its channel closed, it stopped or died)
+// takes its consumer with it; one this replica ended (fail, Shutdown)
+// only moves it (judges).
 func (l *peerLink) finish() {
-	l.stopConsumer()
+	l.stopConsumer(!l.failed.Load())
 	l.mu.Lock()
 	l.ended = true
 	ds := make([]*delivery.Delivery, 0, len(l.out))
@@ -548,7 +568,7 @@ func (s *Server) drainLinks(ctx context.Context) {
 		return
 	}
 	for _, l := range ls {
-		l.stopConsumer()
+		l.stopConsumer(false)
 	}
 	deadline := time.Now().Add(drainWait)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -581,6 +601,9 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 	defer release()
 	switch req.Op {
 	case peerpb.QueueRequest_COUNT:
+		if req.Use {
+			q.touch() // a redeclare through the other replica (x-expires)
+		}
 		n, known, err := s.queueReady(ctx, q)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)

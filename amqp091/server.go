@@ -199,7 +199,8 @@ type Server struct {
 	ctx           context.Context // ends at Shutdown
 	cancel        context.CancelFunc
 	nextID        atomic.Uint64
-	replies       replies // direct reply-to consumers (replyto.go)
+	replies       replies     // direct reply-to consumers (replyto.go)
+	stopping      atomic.Bool // Shutdown began: queue lifetimes are no longer judged here (judges)
 
 	replyMu    sync.Mutex            // guards replyLanes
 	replyLanes map[string]*replyLane // by peer address (replyto.go)
@@ -348,6 +349,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
+	s.stopping.Store(true)
 	for lis := range s.listeners {
 		lis.Close()
 	}
@@ -482,18 +484,19 @@ func (s *Server) waiting(ctx context.Context, ch string) (n uint32, known bool, 
 // delivery.Manager.Ready). known is false when KubeMQ cannot count q. The
 // replica that holds q counts it (its buffer is part of the count).
 func (s *Server) readyCount(ctx context.Context, q *queue) (n uint32, known bool, err error) {
-	n, known, _, err = s.counts(ctx, q)
+	n, known, _, err = s.counts(ctx, q, false)
 	return n, known, err
 }
 
 // counts is readyCount with q's consumer count: this replica's, or, when
 // another replica holds q, the holder's (which includes the consumers this
-// one forwarded to it).
-func (s *Server) counts(ctx context.Context, q *queue) (n uint32, known bool, consumers int, err error) {
+// one forwarded to it). use: they answer a queue.declare, which the holder
+// counts as a use of q (x-expires).
+func (s *Server) counts(ctx context.Context, q *queue, use bool) (n uint32, known bool, consumers int, err error) {
 	q.vh.mu.Lock()
 	consumers = len(q.consumers)
 	q.vh.mu.Unlock()
-	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT); ok {
+	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT, use); ok {
 		return r.Count, r.Known, max(consumers, int(r.Consumers)), nil
 	}
 	n, known, err = s.queueReady(ctx, q)
@@ -516,7 +519,7 @@ func (s *Server) localReadyCount(ctx context.Context, ch string) (n uint32, know
 // returns how many were ready. The replica that holds q purges it (its
 // buffer is part of what is ready).
 func (s *Server) purge(ctx context.Context, q *queue) (uint32, error) {
-	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_PURGE); ok {
+	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_PURGE, false); ok {
 		return r.Count, nil
 	}
 	return s.queuePurge(ctx, q)
@@ -554,16 +557,29 @@ func (s *Server) localPurge(ctx context.Context, ch string) (uint32, error) {
 // its consumers and purges its messages. It returns how many it purged.
 func (s *Server) deleteQueue(ctx context.Context, q *queue, why string) (uint32, error) {
 	if err := s.unlinkQueue(ctx, q, why); err != nil {
+		if errors.Is(err, errQueueGone) {
+			return 0, nil // deleted meanwhile: nothing left to purge
+		}
 		return 0, err
 	}
 	return s.purge(ctx, q)
 }
 
+// errQueueGone: the queue to delete was deleted meanwhile (its name may
+// already be another queue's).
+var errQueueGone = errors.New("amqp091: queue deleted meanwhile")
+
 // unlinkQueue is deleteQueue without the purge. A queue that was used
-// moves its name to the next incarnation first (queueChannel).
+// moves its name to the next incarnation first (queueChannel). A queue
+// deleted meanwhile is left alone (errQueueGone): its registry record
+// may already be a new declaration's.
 func (s *Server) unlinkQueue(ctx context.Context, q *queue, why string) error {
 	vh := q.vh
 	vh.declMu.Lock()
+	if vh.lookupQueue(q.name) != q {
+		vh.declMu.Unlock()
+		return errQueueGone
+	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := s.nextIncarnation(wctx, q); err != nil {
 		cancel()
@@ -625,6 +641,9 @@ func (s *Server) dropQueue(q *queue, why string, log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	err := s.unlinkQueue(ctx, q, why)
 	cancel()
+	if errors.Is(err, errQueueGone) {
+		return
+	}
 	if err != nil {
 		log.Warn("deleting queue failed", zap.String("queue", q.name), zap.String("reason", why), zap.Error(err))
 		return
@@ -638,6 +657,20 @@ func (s *Server) dropQueue(q *queue, why string, log *zap.Logger) {
 			log.Warn("purging deleted queue failed", zap.String("queue", q.name), zap.Error(err))
 		}
 	}()
+}
+
+// judges reports whether this replica decides q's lifetime now (auto-delete,
+// x-expires). Without replicas, it judges the queues it declared (not
+// another replica's non-durable ones, remote). With replicas, the replica
+// that holds q does, whoever declared it: every consumer of the fleet is
+// one of its consumers (other replicas forward theirs), and the others
+// tell it of their uses (redeclare, basic.get). A replica that stops no
+// longer judges: its consumers and links end because of the stop.
+func (s *Server) judges(q *queue) bool {
+	if s.peers == nil {
+		return !q.remote
+	}
+	return !s.stopping.Load() && s.deliveries.Lookup(q.channel) != nil
 }
 
 // dropQueueAsync runs dropQueue on a tracked goroutine, for callers that

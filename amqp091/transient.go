@@ -304,5 +304,8 @@ func (t *topology) applyTransient(v *vhost, parts []string, rec registry.Record)
 		v.noteIncarnationLocked(r.Name, r.Incarnation)
 		v.mu.Unlock()
 		v.routes.PutQueue(r.Name)
+		if added != nil && t.srv != nil {
+			t.srv.startReaper(added) // x-expires: whichever replica holds it judges
+		}
 	}
 }

@@ -967,9 +967,13 @@ func (x *Delivery) GetMessageCount() uint32 {
 }
 
 type QueueRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Queue         *QueueRef              `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	Op            QueueRequest_Op        `protobuf:"varint,2,opt,name=op,proto3,enum=kubemqproxy.amqp.peer.v1.QueueRequest_Op" json:"op,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Queue *QueueRef              `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	Op    QueueRequest_Op        `protobuf:"varint,2,opt,name=op,proto3,enum=kubemqproxy.amqp.peer.v1.QueueRequest_Op" json:"op,omitempty"`
+	// use: the count answers a queue.declare (or a passive one) through the
+	// other replica, a use of the queue: the holder restarts its x-expires
+	// timer (COUNT).
+	Use           bool `protobuf:"varint,3,opt,name=use,proto3" json:"use,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1016,6 +1020,13 @@ func (x *QueueRequest) GetOp() QueueRequest_Op {
 		return x.Op
 	}
 	return QueueRequest_COUNT
+}
+
+func (x *QueueRequest) GetUse() bool {
+	if x != nil {
+		return x.Use
+	}
+	return false
 }
 
 type QueueResponse struct {
@@ -1272,10 +1283,11 @@ const file_peer_proto_rawDesc = "" +
 	"\rmessage_count\x18\x06 \x01(\rR\fmessageCount\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x01\n" +
 	"\fQueueRequest\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x129\n" +
-	"\x02op\x18\x02 \x01(\x0e2).kubemqproxy.amqp.peer.v1.QueueRequest.OpR\x02op\"\x1a\n" +
+	"\x02op\x18\x02 \x01(\x0e2).kubemqproxy.amqp.peer.v1.QueueRequest.OpR\x02op\x12\x10\n" +
+	"\x03use\x18\x03 \x01(\bR\x03use\"\x1a\n" +
 	"\x02Op\x12\t\n" +
 	"\x05COUNT\x10\x00\x12\t\n" +
 	"\x05PURGE\x10\x01\"Y\n" +

@@ -143,7 +143,7 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 			continue
 		}
 		t.markUsed()
-		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, log: s.log})
+		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, ledger: t.ledger(), log: s.log})
 	}
 	if len(copies) == 0 {
 		done(true)

@@ -2,6 +2,7 @@ package amqp091
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,4 +288,41 @@ func TestByteLedger(t *testing.T) {
 	if k := q.keepOf([]int{1, 8}); k != 0 {
 		t.Fatalf("keepOf too large: %d", k)
 	}
+}
+
+// In a transaction the byte limit applies at the commit, in publish order:
+// reject-publish drops what does not fit (the commit fails, partial),
+// drop-head trims after the commit.
+func TestMaxLengthBytesTransactional(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		setup := e.channel(c)
+		declareArgs(t, setup, "rp", amqp.Table{"x-max-length-bytes": int32(6), "x-overflow": "reject-publish"})
+		declareArgs(t, setup, "dh", amqp.Table{"x-max-length-bytes": int32(6)})
+		if err := setup.Publish("", "rp", false, false, amqp.Publishing{Body: []byte("bb")}); err != nil {
+			t.Fatal(err)
+		}
+		commit := func(q string) error {
+			ch := e.channel(c)
+			if err := ch.Tx(); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range []string{"111", "22", "3", "44"} {
+				if err := ch.Publish("", q, false, false, amqp.Publishing{Body: []byte(b)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return ch.TxCommit()
+		}
+		if err := commit("dh"); err != nil {
+			t.Fatal(err)
+		}
+		wantSeq(t, drainGet(t, setup, "dh"), "22", "3", "44")
+		err := commit("rp")
+		if amqpCode(err) != 406 || !strings.Contains(err.Error(), "PRECONDITION_FAILED - partial tx completion") {
+			t.Fatalf("commit into rp: %v", err)
+		}
+		// bb (2) + 111 (3) = 5; 22 would be 7; 3 fits (6); 44 would be 8.
+		wantSeq(t, drainGet(t, setup, "rp"), "bb", "111", "3")
+	})
 }

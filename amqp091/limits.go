@@ -138,11 +138,18 @@ type byteLedger struct {
 	scans   uint64    // scans so far
 }
 
+// maxLedger bounds a ledger's entries: beyond it the oldest half is
+// forgotten (a queue that only receives, never counted, keeps no more).
+const maxLedger = 1 << 20
+
 // add records a stored copy of size body bytes.
 func (l *byteLedger) add(size int) {
 	l.mu.Lock()
 	if len(l.cum) == 0 {
 		l.cum = append(l.cum, 0)
+	}
+	if len(l.cum) > maxLedger {
+		l.cum = l.cum[len(l.cum)/2:]
 	}
 	l.cum = append(l.cum, l.cum[len(l.cum)-1]+int64(size))
 	l.added++

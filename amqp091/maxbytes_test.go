@@ -326,3 +326,32 @@ func TestMaxLengthBytesTransactional(t *testing.T) {
 		wantSeq(t, drainGet(t, setup, "rp"), "bb", "111", "3")
 	})
 }
+
+// A drop-head queue that receives dead-lettered messages is trimmed to its
+// limits too (its own dead-letter exchange gets what it drops).
+func TestMaxLengthBytesDeadLetterTarget(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := confirmChannel(t, e, c)
+		declare(t, ch, "dead2")
+		declareArgs(t, ch, "dead", amqp.Table{"x-max-length-bytes": int32(5), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead2"})
+		declareArgs(t, ch, "src", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+		for _, b := range []string{"111", "222", "333"} {
+			if !publishWith(t, ch, "src", amqp.Publishing{Body: []byte(b)}) {
+				t.Fatalf("nack for %q", b)
+			}
+		}
+		for range 3 {
+			m, ok, err := ch.Get("src", false)
+			if err != nil || !ok {
+				t.Fatalf("get: %v %v", ok, err)
+			}
+			if err := m.Reject(false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 222 is dropped once 333 is in.
+		wantSeq(t, deadBodies(t, ch, "dead2", "dead", 2), "111", "222")
+		wantSeq(t, drainGet(t, ch, "dead"), "333")
+	})
+}

@@ -371,9 +371,13 @@ func (s *Server) trimHead(q *queue, h *delivery.Handle, n int64) {
 		bytes, _ = q.bytes.ready(n)
 	}
 	over := func() bool { return q.overLength(n) || (q.limitsBytes() && bytes > q.maxBytes) }
-	q.reap.peeks.Add(1) // a head given back goes before what a hand-out may meanwhile take
-	q.reap.peeking.Store(true)
-	defer q.reap.peeking.Store(false)
+	if q.limitsBytes() {
+		// A head given back (Unfetch) goes before what a hand-out may
+		// meanwhile take: hand-outs wait (inOrder).
+		q.reap.peeks.Add(1)
+		q.reap.peeking.Store(true)
+		defer q.reap.peeking.Store(false)
+	}
 	for n > 0 && over() {
 		want := int64(maxFetch)
 		if !q.limitsBytes() {

@@ -1,6 +1,7 @@
 package amqp091
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -353,5 +354,38 @@ func TestMaxLengthBytesDeadLetterTarget(t *testing.T) {
 		// 222 is dropped once 333 is in.
 		wantSeq(t, deadBodies(t, ch, "dead2", "dead", 2), "111", "222")
 		wantSeq(t, drainGet(t, ch, "dead"), "333")
+	})
+}
+
+// A queue longer than exactTrimMax is trimmed from the head by the bytes
+// counted, without taking it all into hand.
+func TestMaxLengthBytesLongQueue(t *testing.T) {
+	const keep = exactTrimMax + 100
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := confirmChannel(t, e, c)
+		declareArgs(t, ch, "long", amqp.Table{"x-max-length-bytes": int32(keep * 8)})
+		// Confirmed before the count: RabbitMQ's declare-ok may not count
+		// a burst of publishes still on their way to the queue.
+		var pending []*amqp.DeferredConfirmation
+		for i := range keep + 50 {
+			dc, err := ch.PublishWithDeferredConfirm("", "long", false, false, amqp.Publishing{Body: []byte(fmt.Sprintf("%08d", i))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending = append(pending, dc)
+		}
+		for _, dc := range pending {
+			if !dc.Wait() {
+				t.Fatal("nack")
+			}
+		}
+		if n := readyOf(t, ch, "long"); n != keep {
+			t.Fatalf("long holds %d, want %d", n, keep)
+		}
+		m, ok, err := ch.Get("long", true)
+		if err != nil || !ok || string(m.Body) != fmt.Sprintf("%08d", 50) {
+			t.Fatalf("head %q %v %v, want %08d", m.Body, ok, err, 50)
+		}
 	})
 }

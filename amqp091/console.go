@@ -167,7 +167,13 @@ func (s *Server) PublishMessage(ctx context.Context, vhostName, exchange, routin
 				if err != nil {
 					return 0, 0, err
 				}
-				if known && int64(n)+1 > q.maxLen {
+				full := false
+				if known {
+					if full, err = s.overflows(ctx, q, int64(n), len(body)); err != nil {
+						return 0, 0, err
+					}
+				}
+				if full {
 					refused++
 					continue
 				}
@@ -178,7 +184,7 @@ func (s *Server) PublishMessage(ctx context.Context, vhostName, exchange, routin
 		if q.hasTTL {
 			reap = append(reap, q)
 		}
-		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, body, 0, false, now), stats: q.counters(), log: s.log})
+		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, body, 0, false, now), stats: q.counters(), ledger: q.ledger(), log: s.log})
 	}
 	if len(msgs) == 0 {
 		return 0, refused, nil

@@ -133,6 +133,7 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 	deaths, _ := headers["x-death"].([]any)
 	now := time.Now()
 	var copies []pubCopy
+	var limited []*queue // drop-head targets: trimmed once the copies are stored
 	for _, name := range targets {
 		if reason != reasonRejected && deathCycle(name, deaths) {
 			s.log.Warn("dead-letter cycle: message dropped", zap.String("queue", q.name), zap.String("target", name))
@@ -143,13 +144,21 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 			continue
 		}
 		t.markUsed()
-		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, log: s.log})
+		if t.dropsHead() {
+			limited = append(limited, t)
+		}
+		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, ledger: t.ledger(), log: s.log})
 	}
 	if len(copies) == 0 {
 		done(true)
 		return
 	}
-	pd := newPubDone(len(copies), done)
+	pd := newPubDone(len(copies), func(ok bool) {
+		for _, t := range limited {
+			s.requestTrim(t, func() {})
+		}
+		done(ok)
+	})
 	for i := range copies {
 		if !s.pub.submit(s.ctx, copies[i], pd) {
 			for range copies[i+1:] {

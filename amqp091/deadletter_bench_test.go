@@ -67,52 +67,62 @@ func BenchmarkDLXRetryLoop(b *testing.B) {
 
 // BenchmarkDropHead: publish with confirms (window 1000) into a queue
 // with x-max-length 100 and drop-head, until every publish is confirmed
-// and the queue holds the newest 100.
+// and the queue holds the newest 100; the -bytes rows limit the queue by
+// x-max-length-bytes to 100 bodies instead.
 func BenchmarkDropHead(b *testing.B) {
 	for _, tg := range benchTargets(b) {
-		b.Run(tg.name, func(b *testing.B) {
-			_, ch := benchDial(b, tg.url)
-			q := "bench-drophead-" + randHex(3)
-			benchQueueArgs(b, ch, q, amqp.Table{"x-max-length": int32(100)})
-			if err := ch.Confirm(false); err != nil {
-				b.Fatal(err)
+		for _, v := range []struct {
+			suffix string
+			args   amqp.Table
+		}{{"", amqp.Table{"x-max-length": int32(100)}}, {"-bytes", amqp.Table{"x-max-length-bytes": int32(100 * benchBody)}}} {
+			benchDropHead(b, tg.name+v.suffix, tg.url, v.args)
+		}
+	}
+}
+
+func benchDropHead(b *testing.B, name, url string, args amqp.Table) {
+	b.Run(name, func(b *testing.B) {
+		_, ch := benchDial(b, url)
+		q := "bench-drophead-" + randHex(3)
+		benchQueueArgs(b, ch, q, args)
+		if err := ch.Confirm(false); err != nil {
+			b.Fatal(err)
+		}
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
+		body := make([]byte, benchBody)
+		b.ResetTimer()
+		start := time.Now()
+		out, confirmed := 0, 0
+		wait := func() {
+			c := mustRecv(b, confirms, "confirm")
+			if !c.Ack {
+				b.Fatal("nack")
 			}
-			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
-			body := make([]byte, benchBody)
-			b.ResetTimer()
-			start := time.Now()
-			out, confirmed := 0, 0
-			wait := func() {
-				c := mustRecv(b, confirms, "confirm")
-				if !c.Ack {
-					b.Fatal("nack")
-				}
-				out--
-				confirmed++
-			}
-			for range b.N {
-				for out >= 1000 {
-					wait()
-				}
-				if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
-					b.Fatal(err)
-				}
-				out++
-			}
-			for confirmed < b.N {
+			out--
+			confirmed++
+		}
+		for range b.N {
+			for out >= 1000 {
 				wait()
 			}
-			b.StopTimer()
-			report(b, start, b.N, "msg/s")
-			st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
-			if err != nil {
+			if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
 				b.Fatal(err)
 			}
-			if want := min(b.N, 100); st.Messages != want {
-				b.Fatalf("queue holds %d, want %d", st.Messages, want)
-			}
-		})
-	}
+			out++
+		}
+		for confirmed < b.N {
+			wait()
+		}
+		b.StopTimer()
+		report(b, start, b.N, "msg/s")
+		st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if want := min(b.N, 100); st.Messages != want {
+			b.Fatalf("queue holds %d, want %d", st.Messages, want)
+		}
+	})
 }
 
 // BenchmarkPriorityQueue: a queue with x-max-priority 10 gets messages of

@@ -360,7 +360,10 @@ func (s *Server) routeDelayed(vh *vhost, x string, h *delivery.Handle, d *delive
 		if q.limitsLength() && q.overflow == "drop-head" {
 			limited = append(limited, q)
 		}
-		copies = append(copies, pubCopy{msg: q.storedCopy(meta, tags, d.Body, ttl, hasTTL, now), stats: q.counters(), log: s.log})
+		if q.limitsLength() && q.overflow != "drop-head" && s.refuseDelayed(q, x, key, &props, d.Body) {
+			continue
+		}
+		copies = append(copies, pubCopy{msg: q.storedCopy(meta, tags, d.Body, ttl, hasTTL, now), stats: q.counters(), ledger: q.ledger(), log: s.log})
 	}
 	if len(copies) == 0 {
 		h.Ack(d.LeaseID)
@@ -389,4 +392,26 @@ func (s *Server) routeDelayed(vh *vhost, x string, h *delivery.Handle, d *delive
 			return
 		}
 	}
+}
+
+// refuseDelayed applies a full reject-publish queue's limit to a due
+// delayed message, as the delayed-message plugin's release does: its
+// publisher was confirmed at the publish, so the copy is dropped, or
+// dead-lettered (reason maxlen) under reject-publish-dlx. It reports
+// whether q refused the copy.
+func (s *Server) refuseDelayed(q *queue, x, key string, props *wire.Properties, body []byte) bool {
+	n, known, err := s.readyCount(s.ctx, q)
+	if err != nil || !known {
+		return false
+	}
+	full, err := s.overflows(s.ctx, q, int64(n), len(body))
+	if err != nil || !full {
+		return false
+	}
+	if q.overflow == "reject-publish-dlx" {
+		s.deadLetterRefused(q, x, key, props, body)
+	} else {
+		s.m.dropped.WithLabelValues(reasonMaxLen).Inc()
+	}
+	return true
 }

@@ -267,3 +267,52 @@ func FuzzParseDelay(f *testing.F) {
 		}
 	})
 }
+
+// A due message whose queue is full under reject-publish: the publisher
+// was confirmed at the publish, so at the release the copy is dropped, or
+// dead-lettered (reason maxlen) under reject-publish-dlx, as the plugin's
+// release into RabbitMQ's queue does; drop-head trims (by bytes too).
+func TestDelayedExchangeRejectPublish(t *testing.T) {
+	e := newEnv(t)
+	c := e.dial()
+	ch := confirmChannel(t, e, c)
+	declareDelayed(t, ch, "dx", "direct", false)
+	declare(t, ch, "dead")
+	declareArgs(t, ch, "full", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
+	declareArgs(t, ch, "fulldlx", amqp.Table{"x-max-length-bytes": int32(4), "x-overflow": "reject-publish-dlx",
+		"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+	declareArgs(t, ch, "head", amqp.Table{"x-max-length-bytes": int32(4)})
+	for _, q := range []string{"full", "fulldlx", "head"} {
+		if err := ch.QueueBind(q, q, "dx", false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !publishWith(t, ch, q, amqp.Publishing{Body: []byte("old")}) {
+			t.Fatalf("%s: nack", q)
+		}
+		dc, err := ch.PublishWithDeferredConfirm("dx", q, false, false, amqp.Publishing{Body: []byte("late"), Headers: amqp.Table{"x-delay": int32(200)}})
+		if err != nil || !dc.Wait() {
+			t.Fatalf("%s: delayed publish not confirmed: %v", q, err)
+		}
+	}
+	m, ok := getWithin(t, ch, "dead", 5*time.Second)
+	if !ok || string(m.Body) != "late" {
+		t.Fatalf("dead: %q %v", m.Body, ok)
+	}
+	checkDeath(t, deaths(t, m)[0], 1, "maxlen", "fulldlx", "dx", []string{"fulldlx"}, "")
+	// head: the due message trims the older one. Its copy is stored when
+	// head's byte ledger has both; a trim requested then ends after the
+	// one the release requested.
+	q := e.srv.top.vhost(vhostKey(e.vhost)).lookupQueue("head")
+	for end := time.Now().Add(5 * time.Second); q.bytes.mark() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the due message was not stored in head")
+		}
+	}
+	trimmed := make(chan struct{}, 1)
+	e.srv.requestTrim(q, func() { trimmed <- struct{}{} })
+	mustRecv(t, trimmed, "trim")
+	wantSeq(t, drainGet(t, ch, "head"), "late")
+	for _, q := range []string{"full", "fulldlx"} {
+		wantSeq(t, drainGet(t, ch, q), "old")
+	}
+}

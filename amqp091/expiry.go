@@ -72,7 +72,7 @@ func (q *queue) touch() { q.reap.lastUse.Store(time.Now().UnixNano()) }
 
 // needsReaper reports whether q has anything for a reaper to do.
 func (q *queue) needsReaper() bool {
-	return q.hasTTL || q.expires > 0 || q.reap.msgTTL.Load() || q.dropsHead()
+	return q.hasTTL || q.expires > 0 || q.reap.msgTTL.Load() || q.dropsHead() || q.limitsBytes()
 }
 
 // dropsHead reports whether q trims its head to its length limit.

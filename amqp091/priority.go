@@ -478,9 +478,11 @@ func (q *queue) leaseIDs(h *delivery.Handle, ds []*delivery.Delivery) map[*deliv
 
 // trimLevels is trim of priority queue q, which counts n ready messages:
 // its messages are taken in delivery order (highest level first, FIFO
-// within one) and all but the last x-max-length of that order are
-// dropped, or dead-lettered: drop-head removes what would be delivered
-// next, as RabbitMQ's priority queue does.
+// within one) and all but the longest tail of that order within the
+// limits (x-max-length, x-max-length-bytes) are dropped, or
+// dead-lettered: drop-head removes what would be delivered next, as
+// RabbitMQ's priority queue does. A reject-publish queue's pass only
+// counts the bytes (q's byte ledger).
 func (s *Server) trimLevels(q *queue, h0 *delivery.Handle, n int64) {
 	ps, err := s.usedLevels(s.ctx, q)
 	if err != nil {
@@ -490,6 +492,7 @@ func (s *Server) trimLevels(q *queue, h0 *delivery.Handle, n int64) {
 		d *delivery.Delivery
 		h *delivery.Handle
 	}
+	mark := q.bytes.mark()
 	q.reap.peeks.Add(1)
 	q.reap.peeking.Store(true)
 	defer q.reap.peeking.Store(false)
@@ -513,7 +516,17 @@ func (s *Server) trimLevels(q *queue, h0 *delivery.Handle, n int64) {
 			}
 		}
 	}
-	keep := int(min(int64(len(got)), max(q.maxLen, 0)))
+	sizes := make([]int, len(got))
+	for i, x := range got {
+		sizes[i] = len(x.d.Body)
+	}
+	keep := len(got) // a reject-publish queue's scan of its bytes
+	if q.overflow == "drop-head" {
+		keep = q.keepOf(sizes)
+	}
+	if q.limitsBytes() {
+		q.bytes.rebuild(sizes[len(sizes)-keep:], mark)
+	}
 	back := map[*delivery.Handle][]*delivery.Delivery{}
 	for _, x := range got[len(got)-keep:] {
 		back[x.h] = append(back[x.h], x.d)

@@ -118,7 +118,7 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 				limited = append(limited, q)
 			}
 		}
-		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), q: q, log: ch.log})
+		msgs = append(msgs, pubCopy{msg: q.storedCopy(meta, tags, cmd.body, ttl, hasTTL, now), stats: q.counters(), q: q, ledger: q.ledger(), log: ch.log})
 		if ch.tx != nil {
 			// The queue's length limit applies at the commit (txCommit).
 			var lim *txLimit
@@ -215,7 +215,10 @@ type pubCopy struct {
 	msg   kubemqclient.QueueMessage
 	stats *queueStats
 	q     *queue // counts the stored copy (nPublished)
-	log   *zap.Logger
+	// ledger learns the stored copy's body size: its queue's byte limit
+	// (limits.go); nil without one.
+	ledger *byteLedger
+	log    *zap.Logger
 }
 
 // pubDone counts the copies of one publish still being stored; fn runs
@@ -499,6 +502,9 @@ func (p *publisher) send(auth pubAuth, batch []kubemqclient.QueueMessage, items 
 			if it.q != nil {
 				it.q.nPublished.Add(1)
 			}
+			if it.ledger != nil {
+				it.ledger.add(len(it.msg.Body))
+			}
 		} else {
 			p.failures()
 			if err == nil && i < len(results) {
@@ -604,7 +610,8 @@ type txLimit struct {
 // are returned to be trimmed once the copies are stored. It returns the
 // copies to store.
 func (ch *channel) applyTxLimits(tx *txState) (out []pubCopy, trims []*queue, refused bool, err error) {
-	length := map[*queue]int64{}
+	type level struct{ n, bytes int64 } // a queue's ready messages and body bytes so far
+	length := map[*queue]level{}
 	out = tx.msgs[:0]
 	for i, cp := range tx.msgs {
 		lim := tx.limits[i]
@@ -620,7 +627,8 @@ func (ch *channel) applyTxLimits(tx *txState) (out []pubCopy, trims []*queue, re
 			out = append(out, cp)
 			continue
 		}
-		n, ok := length[q]
+		size := int64(len(lim.body))
+		lv, ok := length[q]
 		if !ok {
 			l, known, err := ch.queueLength(q)
 			if err != nil {
@@ -628,18 +636,22 @@ func (ch *channel) applyTxLimits(tx *txState) (out []pubCopy, trims []*queue, re
 			}
 			if !known {
 				l = -1 << 62 // KubeMQ cannot count it: nothing is refused
+			} else if q.limitsBytes() {
+				if lv.bytes, err = ch.c.srv.readyBytes(ch.c.ctx, q, l, size); err != nil {
+					return nil, nil, false, err
+				}
 			}
-			n = l
+			lv.n = l
 		}
-		if n+1 > q.maxLen {
+		if (q.maxLen >= 0 && lv.n+1 > q.maxLen) || (q.limitsBytes() && lv.n >= 0 && lv.bytes+size > q.maxBytes) {
 			refused = true
 			if q.overflow == "reject-publish-dlx" {
 				ch.c.srv.deadLetterRefused(q, lim.exchange, lim.key, lim.props, lim.body)
 			}
-			length[q] = n
+			length[q] = lv
 			continue
 		}
-		length[q] = n + 1
+		length[q] = level{lv.n + 1, lv.bytes + size}
 		out = append(out, cp)
 	}
 	return out, trims, refused, nil

@@ -339,6 +339,7 @@ type queue struct {
 	hasDLRK  bool
 	maxLen   int64         // x-max-length; -1 = none
 	maxBytes int64         // x-max-length-bytes; -1 = none
+	bytes    byteLedger    // body sizes of the ready messages, with maxBytes (limits.go)
 	overflow string        // x-overflow: drop-head (default), reject-publish, reject-publish-dlx
 	expires  time.Duration // x-expires; 0 = none
 	// deliveryLimit is a quorum queue's x-delivery-limit (-1 = none): a

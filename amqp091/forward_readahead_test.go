@@ -260,10 +260,22 @@ func TestForwardedReadAheadPrefetchAndSplit(t *testing.T) {
 		for d := range s.ds {
 			received++
 			if out := received - acked; out > prefetch {
-				t.Errorf("%s: %d unacknowledged at the client, prefetch %d", tag, out, prefetch)
+				mu.Lock()
+				if total < n {
+					t.Errorf("%s: %d unacknowledged at the client, prefetch %d", tag, out, prefetch)
+				}
+				mu.Unlock()
 			}
 			time.Sleep(time.Millisecond) // equal work per message
+			if err := d.Ack(false); err != nil {
+				return // the test is over
+			}
+			acked++
 			mu.Lock()
+			if total == n {
+				mu.Unlock()
+				return // the test is over
+			}
 			if seen[d.MessageId] {
 				t.Errorf("%s: %s again", tag, d.MessageId)
 			}
@@ -274,11 +286,6 @@ func TestForwardedReadAheadPrefetchAndSplit(t *testing.T) {
 				close(done)
 			}
 			mu.Unlock()
-			if err := d.Ack(false); err != nil {
-				t.Error(err)
-				return
-			}
-			acked++
 		}
 	}
 	go run("local", sa)

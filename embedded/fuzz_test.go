@@ -72,7 +72,8 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 // FuzzIndexQueueRecord: recovery's index-only reading of a queue record never panics, and agrees
-// with the full decoding on every record that decodes (channel, attributes, policy, size).
+// with the full decoding on every record that decodes (channel, attributes, policy, size), also
+// when it reads into the message it read the previous record into, as recovery does.
 func FuzzIndexQueueRecord(f *testing.F) {
 	for _, m := range []*kubemqpb.QueueMessage{
 		{MessageID: "id", ClientID: "c", Channel: "q", Metadata: "meta", Body: []byte("body"), Tags: map[string]string{"k": "v", "a": ""},
@@ -87,8 +88,17 @@ func FuzzIndexQueueRecord(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0x3a, 0x02, 0x10})
+	reused := &kubemqpb.QueueMessage{} // carries each input's fields into the next, within one process
 	f.Fuzz(func(t *testing.T, p []byte) {
 		r, err := indexQueueRecord(p)
+		ri, ierr := indexQueueRecordInto(p, reused, false)
+		if (err == nil) != (ierr == nil) {
+			t.Fatalf("index into a reused message: %v, into a new one: %v", ierr, err)
+		}
+		if err == nil && (ri.qm.Channel != r.qm.Channel || ri.qm.MessageID != "" || ri.size != r.size ||
+			!proto.Equal(ri.qm.Attributes, r.qm.Attributes) || !proto.Equal(ri.qm.Policy, r.qm.Policy)) {
+			t.Fatalf("index into a reused message %+v (size %d), into a new one %+v (size %d)", ri.qm, ri.size, r.qm, r.size)
+		}
 		full, ferr := decodeRecord(recQueueMsg, p)
 		if ferr != nil {
 			return

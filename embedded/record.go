@@ -150,8 +150,17 @@ type record struct {
 // message's messageSize. The record is read back whole when it is delivered. Malformed input is
 // an error, never a panic.
 func indexQueueRecord(p []byte) (record, error) {
-	r, err := indexQueueFields(p)
-	if err == nil && (r.qm.Attributes == nil || r.qm.Policy == nil || r.qm.Attributes.Sequence == 0) {
+	return indexQueueRecordInto(p, &kubemqpb.QueueMessage{}, true)
+}
+
+// indexQueueRecordInto is indexQueueRecord reading into m (see indexQueueInto), without the
+// MessageID unless withID: recovery indexes every queue record through one m, so that a
+// million records leave no garbage of their own behind.
+func indexQueueRecordInto(p []byte, m *kubemqpb.QueueMessage, withID bool) (record, error) {
+	r := record{typ: recQueueMsg, qm: m}
+	var err error
+	r.size, err = indexQueueInto(p, m, withID)
+	if err == nil && (m.Attributes == nil || m.Policy == nil || m.Attributes.Sequence == 0) {
 		err = errCorrupt
 	}
 	return r, err
@@ -160,64 +169,92 @@ func indexQueueRecord(p []byte) (record, error) {
 // indexQueueFields is indexQueueRecord without the checks of a queue copy's fields.
 func indexQueueFields(p []byte) (record, error) {
 	r := record{typ: recQueueMsg, qm: &kubemqpb.QueueMessage{}}
-	m := r.qm
+	var err error
+	r.size, err = indexQueueInto(p, r.qm, true)
+	return r, err
+}
+
+// indexQueueInto reads into m, reset first, the fields of queue record p that an index needs
+// (MessageID if withID, Channel, Attributes, Policy) and returns the stored message's
+// messageSize. It reuses m's Attributes and Policy, and its Channel string when p names the same
+// channel; a caller keeps none of them beyond the next call, except the Channel string (never
+// changed once made).
+func indexQueueInto(p []byte, m *kubemqpb.QueueMessage, withID bool) (size int64, err error) {
+	attrs, pol, ch := m.Attributes, m.Policy, m.Channel
+	proto.Reset(m)
 	for len(p) > 0 {
 		num, typ, n := protowire.ConsumeTag(p)
 		if n < 0 {
-			return r, errCorrupt
+			return size, errCorrupt
 		}
 		p = p[n:]
 		if typ != protowire.BytesType {
 			if n = protowire.ConsumeFieldValue(num, typ, p); n < 0 {
-				return r, errCorrupt
+				return size, errCorrupt
 			}
 			p = p[n:]
 			continue
 		}
 		v, n := protowire.ConsumeBytes(p)
 		if n < 0 {
-			return r, errCorrupt
+			return size, errCorrupt
 		}
 		p = p[n:]
 		switch num {
 		case 1:
-			m.MessageID = string(v)
-			r.size += int64(len(v))
+			if withID {
+				m.MessageID = string(v)
+			}
+			size += int64(len(v))
 		case 2, 4, 5: // ClientID, Metadata, Body
-			r.size += int64(len(v))
+			size += int64(len(v))
 		case 3:
-			m.Channel = string(v)
-			r.size += int64(len(v))
+			if string(v) == ch {
+				m.Channel = ch
+			} else {
+				m.Channel = string(v)
+			}
+			size += int64(len(v))
 		case 6: // one Tags entry: key 1, value 2
 			for len(v) > 0 {
 				_, t, k := protowire.ConsumeTag(v)
 				if k < 0 || t != protowire.BytesType {
-					return r, errCorrupt
+					return size, errCorrupt
 				}
 				b, l := protowire.ConsumeBytes(v[k:])
 				if l < 0 {
-					return r, errCorrupt
+					return size, errCorrupt
 				}
-				r.size += int64(len(b))
+				size += int64(len(b))
 				v = v[k+l:]
 			}
 		case 7:
 			if m.Attributes == nil {
-				m.Attributes = &kubemqpb.QueueMessageAttributes{}
+				if attrs != nil {
+					proto.Reset(attrs)
+					m.Attributes, attrs = attrs, nil
+				} else {
+					m.Attributes = &kubemqpb.QueueMessageAttributes{}
+				}
 			}
 			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, m.Attributes); err != nil {
-				return r, errCorrupt
+				return size, errCorrupt
 			}
 		case 8:
 			if m.Policy == nil {
-				m.Policy = &kubemqpb.QueueMessagePolicy{}
+				if pol != nil {
+					proto.Reset(pol)
+					m.Policy, pol = pol, nil
+				} else {
+					m.Policy = &kubemqpb.QueueMessagePolicy{}
+				}
 			}
 			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, m.Policy); err != nil {
-				return r, errCorrupt
+				return size, errCorrupt
 			}
 		}
 	}
-	return r, nil
+	return size, nil
 }
 
 // indexDelayRecord reads what recovery keeps of a delayed message's record (recDelayAdd): its id

@@ -10,6 +10,8 @@ import (
 	"sort"
 
 	"go.uber.org/zap"
+
+	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
 
 // recovery rebuilds a server's state from its log, segment by segment in order.
@@ -19,6 +21,7 @@ type recovery struct {
 	msgs   map[string]map[uint64]*qmsg // queue -> sequence -> stored copy
 	delays map[uint64]*delayed
 	cutoff int64
+	qm     kubemqpb.QueueMessage // every queue record is indexed into this one (apply keeps none of it but its Channel)
 }
 
 func newRecovery(s *Server, st *logStore) *recovery {
@@ -71,7 +74,7 @@ func (rc *recovery) replaySegment(id uint32) error {
 			var r record
 			switch typ {
 			case recQueueMsg:
-				r, err = indexQueueRecord(payload) // the index only: the body stays on disk
+				r, err = indexQueueRecordInto(payload, &rc.qm, false) // the index only: the body stays on disk
 			case recEvent:
 				r, err = indexEventRecord(payload) // likewise
 			case recDelayAdd:

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -176,6 +177,86 @@ func TestReplayCutsTornTail(t *testing.T) {
 			after, _ := os.Stat(last)
 			if name != "one good, torn" && after.Size() != before.Size() {
 				t.Fatalf("segment %d bytes after the cut, %d before the damage", after.Size(), before.Size())
+			}
+		})
+	}
+}
+
+// Recovery indexes every queue record through one reused message: each recovered index entry
+// still has its own record's fields (queue, sequence, timestamp, expiry, receive limit, size, position),
+// with the records of several queues and policies interleaved in the log, also in strict mode.
+func TestRecoveryIndexesEachRecordsOwnFields(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict=%v", strict), func(t *testing.T) {
+			opts := Options{DataDir: t.TempDir(), SegmentBytes: 1 << 20, Strict: strict, Logger: zaptest.NewLogger(t)}
+			s, err := New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { s.Stop() }()
+			queues := []string{"a", "bb", "a.long.queue.name"}
+			var lsn uint64
+			for i := range 1500 { // about 1.5 MiB: two segments
+				m := &kubemqpb.QueueMessage{ClientID: "c", Channel: queues[i%len(queues)], Body: []byte(strings.Repeat("x", 1+(i%400)*5))}
+				if i%5 != 0 { // every fifth without a policy, the others with their own
+					m.Policy = &kubemqpb.QueueMessagePolicy{MaxReceiveCount: int32(1 + i%7), ExpirationSeconds: int32(i%4) * 3600}
+				}
+				if i%2 == 0 {
+					m.MessageID = fmt.Sprint("id-", i)
+					m.Tags = map[string]string{"i": fmt.Sprint(i)}
+				}
+				var res *kubemqpb.SendQueueMessageResult
+				res, lsn = s.sendQueue(m, s.now().Add(time.Duration(i)*time.Millisecond))
+				if res.IsError {
+					t.Fatal(res.Error)
+				}
+			}
+			if err := s.waitLog(lsn); err != nil {
+				t.Fatal(err)
+			}
+			type entry struct {
+				seq       uint64
+				ts, expAt int64
+				size, off int64
+				seg, n    uint32
+				rc, maxRC int32
+			}
+			index := func(s *Server) map[string][]entry {
+				got := map[string][]entry{}
+				for _, name := range queues {
+					q := s.getQueue(name, false)
+					if q == nil {
+						t.Fatalf("queue %s missing", name)
+					}
+					q.mu.Lock()
+					for _, qm := range q.ready[q.head:] {
+						if qm.m != nil {
+							t.Fatalf("queue %s: message %d held whole", name, qm.seq())
+						}
+						got[name] = append(got[name], entry{qm.seq(), qm.ts, qm.expAt, qm.size, qm.off, qm.seg, qm.n, qm.rc, qm.maxRC})
+					}
+					q.mu.Unlock()
+				}
+				return got
+			}
+			before := index(s)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s, err = New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := index(s)
+			for _, name := range queues {
+				if len(before[name]) != 500 || len(after[name]) != len(before[name]) {
+					t.Fatalf("queue %s: %d entries before the restart, %d after (want 500)", name, len(before[name]), len(after[name]))
+				}
+				for i := range before[name] {
+					if before[name][i] != after[name][i] {
+						t.Fatalf("queue %s entry %d: %+v before the restart, %+v after", name, i, before[name][i], after[name][i])
+					}
+				}
 			}
 		})
 	}

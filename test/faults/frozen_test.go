@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -245,8 +246,11 @@ func startProbes(t *testing.T, e *env) *probes {
 				p.mu.Unlock()
 				closed = nil
 				// Confirms already read are in; what is left unanswered was
-				// not confirmed before the close.
-				for c := range confirms {
+				// not confirmed before the close. The library closes the
+				// confirms after it reports the close, but this select may
+				// have taken that closed channel first (confirms is nil then:
+				// ranging over it would block for ever).
+				for c := range orClosed(confirms) {
 					p.mu.Lock()
 					if r := byTag[c.DeliveryTag]; r != nil {
 						r.done, r.outcome = time.Now(), map[bool]string{true: "ack", false: "nack"}[c.Ack]
@@ -282,6 +286,15 @@ func startProbes(t *testing.T, e *env) *probes {
 	return p
 }
 
+// orClosed returns c, or a closed channel when c is nil.
+func orClosed(c chan amqp.Confirmation) chan amqp.Confirmation {
+	if c == nil {
+		c = make(chan amqp.Confirmation)
+		close(c)
+	}
+	return c
+}
+
 // Stop ends the probes; a probe still blocked after 40 s (a Pub/Sub publish
 // has a 30 s deadline; an AMQP publish cannot be cancelled once written) is
 // reported and left behind.
@@ -292,8 +305,22 @@ func (p *probes) Stop(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(40 * time.Second):
-		t.Errorf("probe publishes still blocked 40s after the probes stopped")
+		t.Errorf("probe publishes still blocked 40s after the probes stopped; the test's goroutines:\n%s", probeStacks())
 	}
+}
+
+// probeStacks returns the stacks of this test binary's goroutines that run
+// test code or a client library, so a probe that never returns shows where.
+func probeStacks() string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var keep []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "test/faults") || strings.Contains(g, "amqp091-go") || strings.Contains(g, "pubsubpb") {
+			keep = append(keep, g)
+		}
+	}
+	return strings.Join(keep, "\n\n")
 }
 
 // between returns the probe publishes sent in [from, to).

@@ -176,6 +176,9 @@ func (s *Server) reap(q *queue) {
 			}
 			if h != nil && len(trims) > 0 {
 				s.trim(q, h)
+			} else if len(trims) > 0 && q.dropsHead() {
+				// The holder trims: only its reaper can take the head.
+				s.queueRemote(s.ctx, q, peerpb.QueueRequest_TRIM, false)
 			}
 			for _, f := range trims {
 				f()

@@ -43,3 +43,43 @@ func TestMaxLengthBytesThroughReplica(t *testing.T) {
 		t.Fatalf("confirms %v, want %v", acks, want)
 	}
 }
+
+// x-max-length with drop-head through a replica that does not hold the
+// queue: the holder trims it (a TRIM request on the peer link), before the
+// publishing channel's later methods run, so its basic.get finds the
+// newest two only, as on one RabbitMQ node.
+func TestMaxLengthDropHeadThroughReplica(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := confirmChannel(t, a.env, a.dial())
+	if _, err := cha.QueueDeclare("rdh", true, false, false, false, amqp.Table{"x-max-length": int32(2)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cha.QueueDelete("rdh", false, false, false) })
+	if !publishWith(t, cha, "rdh", amqp.Publishing{Body: []byte("0")}) {
+		t.Fatal("publish 0 nacked")
+	}
+	if o := owner(t, rs, "rdh"); o != a {
+		t.Fatalf("queue held by %s, want %s (its trim)", o.id, a.id)
+	}
+	chb := confirmChannel(t, b.env, b.dial())
+	for _, body := range []string{"1", "2", "3", "4"} {
+		if !publishWith(t, chb, "rdh", amqp.Publishing{Body: []byte(body)}) {
+			t.Fatalf("publish %s nacked", body)
+		}
+	}
+	var got []string
+	for {
+		d, ok, err := chb.Get("rdh", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, string(d.Body))
+	}
+	if want := []string{"3", "4"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v through the other replica, want %v", got, want)
+	}
+}

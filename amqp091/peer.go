@@ -644,6 +644,18 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
 		}
 		return &peerpb.QueueResponse{Count: n, Known: known, Consumers: uint32(s.peerConsumers(req.Queue))}, nil
+	case peerpb.QueueRequest_TRIM:
+		if !q.dropsHead() {
+			return &peerpb.QueueResponse{}, nil // nothing to trim (or a queue this replica does not know)
+		}
+		done := make(chan struct{})
+		s.requestTrim(q, func() { close(done) })
+		select {
+		case <-done:
+			return &peerpb.QueueResponse{}, nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 	case peerpb.QueueRequest_PURGE:
 		n, err := s.queuePurge(ctx, q)
 		if err != nil {

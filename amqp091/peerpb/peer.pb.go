@@ -82,6 +82,10 @@ type QueueRequest_Op int32
 const (
 	QueueRequest_COUNT QueueRequest_Op = 0
 	QueueRequest_PURGE QueueRequest_Op = 1
+	// TRIM: a publish through the other replica stored messages in a
+	// drop-head queue with length limits: the holder trims it (its reaper
+	// alone can take the head) and answers once it has.
+	QueueRequest_TRIM QueueRequest_Op = 2
 )
 
 // Enum value maps for QueueRequest_Op.
@@ -89,10 +93,12 @@ var (
 	QueueRequest_Op_name = map[int32]string{
 		0: "COUNT",
 		1: "PURGE",
+		2: "TRIM",
 	}
 	QueueRequest_Op_value = map[string]int32{
 		"COUNT": 0,
 		"PURGE": 1,
+		"TRIM":  2,
 	}
 )
 
@@ -1313,14 +1319,15 @@ const file_peer_proto_rawDesc = "" +
 	"\rmessage_count\x18\x06 \x01(\rR\fmessageCount\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +
 	"\fQueueRequest\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x129\n" +
 	"\x02op\x18\x02 \x01(\x0e2).kubemqproxy.amqp.peer.v1.QueueRequest.OpR\x02op\x12\x10\n" +
-	"\x03use\x18\x03 \x01(\bR\x03use\"\x1a\n" +
+	"\x03use\x18\x03 \x01(\bR\x03use\"$\n" +
 	"\x02Op\x12\t\n" +
 	"\x05COUNT\x10\x00\x12\t\n" +
-	"\x05PURGE\x10\x01\"Y\n" +
+	"\x05PURGE\x10\x01\x12\b\n" +
+	"\x04TRIM\x10\x02\"Y\n" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
 	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +

@@ -147,6 +147,9 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 		if t.dropsHead() {
 			limited = append(limited, t)
 		}
+		if t.limitsLength() && t.overflow != "drop-head" && s.refuseRouted(t, q.dlx, keys[0], &props, body) {
+			continue
+		}
 		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, ledger: t.ledger(), log: s.log})
 	}
 	if len(copies) == 0 {

@@ -360,7 +360,7 @@ func (s *Server) routeDelayed(vh *vhost, x string, h *delivery.Handle, d *delive
 		if q.limitsLength() && q.overflow == "drop-head" {
 			limited = append(limited, q)
 		}
-		if q.limitsLength() && q.overflow != "drop-head" && s.refuseDelayed(q, x, key, &props, d.Body) {
+		if q.limitsLength() && q.overflow != "drop-head" && s.refuseRouted(q, x, key, &props, d.Body) {
 			continue
 		}
 		copies = append(copies, pubCopy{msg: q.storedCopy(meta, tags, d.Body, ttl, hasTTL, now), stats: q.counters(), ledger: q.ledger(), log: s.log})
@@ -394,12 +394,15 @@ func (s *Server) routeDelayed(vh *vhost, x string, h *delivery.Handle, d *delive
 	}
 }
 
-// refuseDelayed applies a full reject-publish queue's limit to a due
-// delayed message, as the delayed-message plugin's release does: its
-// publisher was confirmed at the publish, so the copy is dropped, or
-// dead-lettered (reason maxlen) under reject-publish-dlx. It reports
-// whether q refused the copy.
-func (s *Server) refuseDelayed(q *queue, x, key string, props *wire.Properties, body []byte) bool {
+// refuseRouted applies a full reject-publish queue's limit to a copy the
+// server routes itself, with no publisher to nack: a due delayed message
+// (the delayed-message plugin's release; its publisher was confirmed at
+// the publish) or a dead-lettered one (RabbitMQ's queue process refuses
+// any delivery that would overflow). The copy is dropped, or
+// dead-lettered from q (reason maxlen) under reject-publish-dlx. x and key
+// are the exchange and routing key it came through. It reports whether q
+// refused the copy.
+func (s *Server) refuseRouted(q *queue, x, key string, props *wire.Properties, body []byte) bool {
 	n, known, err := s.readyCount(s.ctx, q)
 	if err != nil || !known {
 		return false

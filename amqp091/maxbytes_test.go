@@ -397,3 +397,54 @@ func TestMaxLengthBytesLongQueue(t *testing.T) {
 		}
 	})
 }
+
+// A full reject-publish queue refuses dead-lettered messages as it refuses
+// publishes (RabbitMQ's queue process checks every delivery): they are
+// dropped, or dead-lettered again from it (reason maxlen) under
+// reject-publish-dlx.
+func TestRejectPublishDeadLetterTarget(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := confirmChannel(t, e, c)
+		declare(t, ch, "dead3")
+		declareArgs(t, ch, "full", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
+		declareArgs(t, ch, "fulldlx", amqp.Table{"x-max-length-bytes": int32(3), "x-overflow": "reject-publish-dlx",
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead3"})
+		declareArgs(t, ch, "src", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "full"})
+		declareArgs(t, ch, "src2", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "fulldlx"})
+		for _, b := range []string{"111", "222", "333"} {
+			for _, q := range []string{"src", "src2"} {
+				if !publishWith(t, ch, q, amqp.Publishing{Body: []byte(b)}) {
+					t.Fatalf("%s: nack for %q", q, b)
+				}
+			}
+		}
+		for _, q := range []string{"src", "src2"} {
+			for range 3 {
+				m, ok, err := ch.Get(q, false)
+				if err != nil || !ok {
+					t.Fatalf("get %s: %v %v", q, ok, err)
+				}
+				if err := m.Reject(false); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var got []string
+		for range 2 {
+			m, ok := getWithin(t, ch, "dead3", 5*time.Second)
+			if !ok {
+				t.Fatalf("dead-lettered from fulldlx so far: %v, want 2", got)
+			}
+			ds := deaths(t, m)
+			if len(ds) != 2 || ds[0]["reason"] != "maxlen" || ds[0]["queue"] != "fulldlx" || ds[1]["reason"] != "rejected" || ds[1]["queue"] != "src2" {
+				t.Fatalf("x-death of %q: %v", m.Body, ds)
+			}
+			got = append(got, string(m.Body))
+		}
+		wantSeq(t, got, "222", "333")
+		wantSeq(t, drainGet(t, ch, "full"), "111")
+		wantSeq(t, drainGet(t, ch, "fulldlx"), "111")
+		wantSeq(t, drainGet(t, ch, "dead3"))
+	})
+}

@@ -155,39 +155,44 @@ func BenchmarkPublishConfirms(b *testing.B) {
 	for _, tg := range benchTargets(b) {
 		b.Run(tg.name, func(b *testing.B) {
 			_, ch := benchDial(b, tg.url)
-			q := benchQueue(b, ch, "bench-conf")
-			if err := ch.Confirm(false); err != nil {
-				b.Fatal(err)
-			}
-			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
-			body := make([]byte, benchBody)
-			b.ResetTimer()
-			start := time.Now()
-			out, confirmed := 0, 0
-			wait := func() {
-				c := mustRecv(b, confirms, "confirm")
-				if !c.Ack {
-					b.Fatal("nack")
-				}
-				out--
-				confirmed++
-			}
-			for range b.N {
-				for out >= 1000 {
-					wait()
-				}
-				if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
-					b.Fatal(err)
-				}
-				out++
-			}
-			for confirmed < b.N {
-				wait()
-			}
-			b.StopTimer()
-			report(b, start, b.N, "msg/s")
+			benchPublishConfirmed(b, ch, benchQueue(b, ch, "bench-conf"))
 		})
 	}
+}
+
+// benchPublishConfirmed publishes b.N messages of benchBody bytes to q
+// with confirms, 1000 in flight, and reports msg/s; a nack fails b.
+func benchPublishConfirmed(b *testing.B, ch *amqp.Channel, q string) {
+	if err := ch.Confirm(false); err != nil {
+		b.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
+	body := make([]byte, benchBody)
+	b.ResetTimer()
+	start := time.Now()
+	out, confirmed := 0, 0
+	wait := func() {
+		c := mustRecv(b, confirms, "confirm")
+		if !c.Ack {
+			b.Fatal("nack")
+		}
+		out--
+		confirmed++
+	}
+	for range b.N {
+		for out >= 1000 {
+			wait()
+		}
+		if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
+			b.Fatal(err)
+		}
+		out++
+	}
+	for confirmed < b.N {
+		wait()
+	}
+	b.StopTimer()
+	report(b, start, b.N, "msg/s")
 }
 
 // BenchmarkConsume: consume a filled queue with prefetch 100 (the issue's

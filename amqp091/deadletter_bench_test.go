@@ -85,36 +85,7 @@ func benchDropHead(b *testing.B, name, url string, args amqp.Table) {
 		_, ch := benchDial(b, url)
 		q := "bench-drophead-" + randHex(3)
 		benchQueueArgs(b, ch, q, args)
-		if err := ch.Confirm(false); err != nil {
-			b.Fatal(err)
-		}
-		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1000))
-		body := make([]byte, benchBody)
-		b.ResetTimer()
-		start := time.Now()
-		out, confirmed := 0, 0
-		wait := func() {
-			c := mustRecv(b, confirms, "confirm")
-			if !c.Ack {
-				b.Fatal("nack")
-			}
-			out--
-			confirmed++
-		}
-		for range b.N {
-			for out >= 1000 {
-				wait()
-			}
-			if err := ch.Publish("", q, false, false, benchPublishing(body)); err != nil {
-				b.Fatal(err)
-			}
-			out++
-		}
-		for confirmed < b.N {
-			wait()
-		}
-		b.StopTimer()
-		report(b, start, b.N, "msg/s")
+		benchPublishConfirmed(b, ch, q)
 		st, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
 		if err != nil {
 			b.Fatal(err)

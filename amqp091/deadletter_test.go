@@ -559,31 +559,18 @@ func TestMaxLengthTransactional(t *testing.T) {
 			}
 			return ch.TxCommit()
 		}
-		drain := func(q string) []string {
-			var got []string
-			for {
-				m, ok, err := setup.Get(q, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !ok {
-					return got
-				}
-				got = append(got, string(m.Body))
-			}
-		}
 		if err := commit("dh"); err != nil {
 			t.Fatal(err)
 		}
-		wantSeq(t, drain("dh"), "dh3", "dh4")
+		wantSeq(t, drainGet(t, setup, "dh"), "dh3", "dh4")
 		for _, q := range []string{"rp", "rpd"} {
 			err := commit(q)
 			if amqpCode(err) != 406 || !strings.Contains(err.Error(), "PRECONDITION_FAILED - partial tx completion") {
 				t.Fatalf("commit into %s: %v", q, err)
 			}
 		}
-		wantSeq(t, drain("rp"), "before", "rp1")
-		wantSeq(t, drain("rpd"), "rpd1")
+		wantSeq(t, drainGet(t, setup, "rp"), "before", "rp1")
+		wantSeq(t, drainGet(t, setup, "rpd"), "rpd1")
 		var dead []string
 		for range 3 {
 			m, ok := getWithin(t, setup, "dead", 5*time.Second)

@@ -34,6 +34,11 @@ type channel struct {
 	id   uint16
 	log  *zap.Logger
 	cmds chan command
+	// unflushed: links with settlements waiting to go; the channel sends
+	// them once it has no command queued, so that a client's run of acks
+	// leaves in one message per link (the channel's goroutine).
+	unflushed []*fwdLink
+
 	done chan struct{} // closed when run has returned
 	wake chan struct{} // cap 1: posted work or confirms are waiting
 
@@ -153,6 +158,9 @@ func (ch *channel) run() {
 		select {
 		case cmd := <-ch.cmds:
 			ch.handle(cmd)
+			if len(ch.unflushed) > 0 && (len(ch.cmds) == 0 || ch.finished) {
+				ch.flushLinks()
+			}
 		case <-ch.wake:
 			ch.runPosted()
 			ch.confirms.emit()
@@ -160,6 +168,15 @@ func (ch *channel) run() {
 			return
 		}
 	}
+}
+
+// flushLinks sends the settlements the channel's links have waiting.
+func (ch *channel) flushLinks() {
+	for i, l := range ch.unflushed {
+		l.flush()
+		ch.unflushed[i] = nil
+	}
+	ch.unflushed = ch.unflushed[:0]
 }
 
 // send queues a method for the client on this channel.

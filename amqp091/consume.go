@@ -872,7 +872,12 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 		l.settle(peerpb.Settle_ACK, k.ack...)
 		l.settle(peerpb.Settle_REQUEUE, k.back...)
 		l.settle(peerpb.Settle_REJECT, k.reject...)
-		l.flush() // at once: a holder that stops settles what it has heard of, and requeues the rest
+		// Soon (ch.run: once no command is queued, or with the link's next
+		// request): a holder that stops settles what it has heard of, and
+		// requeues the rest.
+		if !slices.Contains(ch.unflushed, l) {
+			ch.unflushed = append(ch.unflushed, l)
+		}
 		ch.c.srv.m.acked.Add(float64(len(k.ack) + len(k.reject)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()

@@ -154,9 +154,12 @@ type fwdLink struct {
 
 	smu      sync.Mutex  // serialises Send
 	pmu      sync.Mutex  // guards pend
-	pend     [3][]uint64 // settlements not sent yet, by Settle_Op (ACK, REQUEUE, REJECT)
+	pend     [4][]uint64 // settlements not sent yet, by Settle_Op (ACK, REQUEUE, REJECT, RETURN)
 	once     sync.Once
 	finished chan struct{} // closed once the stream has ended (its reader saw the end)
+	// readAhead: the holder takes Settle RETURN and Credit.buffered
+	// (Opened.read_ahead), so the consumer may read ahead (see grant).
+	readAhead bool
 
 	// Guarded by ch.dmu.
 	inflight  int           // credit granted and not used yet
@@ -164,7 +167,44 @@ type fwdLink struct {
 	cancelled bool          // the consumer was cancelled: close once held is 0
 	cancelOk  chan struct{} // closed when the holder confirmed the cancel
 	closed    bool
+	buf       []fwdBuffered // read ahead: delivered by the holder, not yet to the client (oldest first)
+	paused    bool          // the read-ahead went stale and was returned: none until the client runs short
+	stale     *time.Timer   // checks the age of buf's head
+	reported  int           // len(buf) as last told to the holder (Credit.buffered)
+	report    *time.Timer   // tells the holder len(buf) when it changed
 }
+
+// fwdBuffered is one delivery in a forwarded consumer's read-ahead.
+type fwdBuffered struct {
+	d             *peerpb.Delivery
+	exchange, key string
+	props         wire.Properties
+	at            time.Time
+}
+
+// Read-ahead of a forwarded consumer. Granting the holder only what the
+// client's prefetch leaves makes each freed slot wait for the link's round
+// trip; so a consumer with a prefetch (acknowledging, without a channel-wide
+// prefetch) grants up to fwdReadAheadMax more (at most its prefetch again),
+// and what comes beyond the client's window waits in the link's buffer,
+// handed to the client as it acknowledges. The client never has more than
+// its prefetch. The buffer is not the client's: a cancel, a channel or
+// connection closing return it to the holder (Settle RETURN: back in place,
+// not redelivered), the holder counts it as ready in message counts
+// (Credit.buffered), and a buffer whose oldest delivery waited
+// fwdReadAheadHold (the client is slower than the link: reading ahead gains
+// nothing and would keep messages from the queue's other consumers) goes
+// back too, the read-ahead paused until the client has used half its
+// prefetch.
+const (
+	fwdReadAheadMax = 256
+	// fwdReportWait delays telling the holder how much is buffered, so
+	// that one report covers many changes.
+	fwdReportWait = 20 * time.Millisecond
+)
+
+// fwdReadAheadHold: a variable for the tests alone.
+var fwdReadAheadHold = 50 * time.Millisecond
 
 // errLinkCancelled carries the reason the holder ended a consumer.
 type errLinkCancelled struct{ reason string }
@@ -214,7 +254,8 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		}
 		return nil, err
 	}
-	l := &fwdLink{s: s, ch: ch, q: q, cs: cs, stream: stream, end: end, finished: make(chan struct{}), inflight: credit}
+	l := &fwdLink{s: s, ch: ch, q: q, cs: cs, stream: stream, end: end, finished: make(chan struct{}), inflight: credit,
+		readAhead: resp.GetOpened().GetReadAhead()}
 	ch.dmu.Lock()
 	if ch.stopped {
 		ch.dmu.Unlock()
@@ -275,13 +316,16 @@ func (l *fwdLink) flushLocked() error {
 	return nil
 }
 
-// grant tops up the holder's credit for l's consumer to what the client's
-// prefetch allows. A consumer with a prefetch gets each slot its client frees
-// at once: holding credit back until a quarter of the prefetch was free left
-// the client idle for the link's round trip (BenchmarkFleet, a forwarded
-// consumer with prefetch 100: 0.47-0.73x of one on the holder in quarters,
-// 0.59-0.85x slot by slot, same runs). One without a prefetch tops up in
-// quarters of fetchBatch, to save messages.
+// grant hands the client what its window takes from the read-ahead, then
+// tops up the holder's credit for l's consumer to what the client's
+// prefetch (and the read-ahead) allows. A consumer with a prefetch and no
+// read-ahead gets each slot its client frees at once: holding credit back
+// until a quarter of the prefetch was free left the client idle for the
+// link's round trip (BenchmarkFleet, a forwarded consumer with prefetch
+// 100: 0.47-0.73x of one on the holder in quarters, 0.59-0.85x slot by
+// slot, same runs); with a read-ahead the buffer covers the round trip, and
+// credit goes in quarters of it. One without a prefetch tops up in quarters
+// of fetchBatch, to save messages.
 func (l *fwdLink) grant() {
 	cs, ch := l.cs, l.ch
 	if cs == nil {
@@ -292,19 +336,160 @@ func (l *fwdLink) grant() {
 		ch.dmu.Unlock()
 		return
 	}
-	want := creditFor(cs, l.inflight)
+	l.handLocked()
+	if l.paused && len(l.buf) == 0 && cs.outstanding <= int(cs.prefetch)/2 {
+		l.paused = false // the client runs short: read ahead again
+	}
+	want := creditFor(cs, l.inflight+len(l.buf))
 	step := fetchBatch / 4
 	if !cs.noAck && cs.prefetch > 0 {
 		step = 1
 	}
+	if extra := l.extraLocked(); extra > 0 {
+		want = min(2*fetchBatch-l.inflight-len(l.buf), want+extra)
+		step = max(1, extra/4)
+		if len(l.buf) > 0 && want < step {
+			l.reportLocked()
+			ch.dmu.Unlock()
+			return
+		}
+	}
 	if want <= 0 || (l.inflight > 0 && want < step) {
+		l.reportLocked()
 		ch.dmu.Unlock()
 		return
 	}
 	l.inflight += want
 	ch.fwdInflight += want
+	buffered := len(l.buf)
+	l.reported = buffered
 	ch.dmu.Unlock()
-	_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{Add: uint32(want)}}})
+	_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{Add: uint32(want), Buffered: uint32(buffered)}}})
+}
+
+// extraLocked is how far l's consumer may read ahead now. Under ch.dmu.
+func (l *fwdLink) extraLocked() int {
+	cs := l.cs
+	if !l.readAhead || l.paused || l.cancelled || cs.noAck || cs.prefetch == 0 || l.ch.globalPrefetch > 0 {
+		return 0
+	}
+	return min(2*int(cs.prefetch), fwdReadAheadMax)
+}
+
+// windowLocked reports whether l's client may take one more delivery.
+// Under ch.dmu.
+func (l *fwdLink) windowLocked() bool {
+	cs, ch := l.cs, l.ch
+	if cs.noAck {
+		return true
+	}
+	if cs.prefetch > 0 && cs.outstanding >= int(cs.prefetch) {
+		return false
+	}
+	g := ch.globalPrefetch
+	return g == 0 || len(ch.unacked)-ch.voided < int(g)
+}
+
+// handLocked passes the read-ahead to the client while its window takes
+// it. Under ch.dmu.
+func (l *fwdLink) handLocked() {
+	n := 0
+	for n < len(l.buf) && l.windowLocked() {
+		b := l.buf[n]
+		l.buf[n] = fwdBuffered{}
+		l.handOutLocked(b.d, b.exchange, b.key, &b.props) // b is a copy: the writer keeps &b.props
+		n++
+	}
+	if n > 0 {
+		l.buf = l.buf[n:]
+		if len(l.buf) == 0 {
+			l.buf = nil
+		}
+	}
+}
+
+// handOutLocked sends d to the client with the channel's next delivery
+// tag. Under ch.dmu.
+func (l *fwdLink) handOutLocked(d *peerpb.Delivery, exchange, key string, props *wire.Properties) {
+	cs, ch := l.cs, l.ch
+	ch.nextTag++
+	tag := ch.nextTag
+	if !cs.noAck {
+		ch.unacked[tag] = &unacked{fwd: l, key: d.Key, cons: cs, queue: cs.q, tag: tag}
+		ch.order = append(ch.order, tag)
+		cs.outstanding++
+		l.held++
+	}
+	ch.c.srv.m.delivered.Inc()
+	cs.q.delivered(len(d.Body))
+	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
+		Redelivered: d.Redelivered, Exchange: exchange, RoutingKey: key}, props: props, body: d.Body})
+}
+
+// takeBufLocked empties the read-ahead and returns its keys. Under ch.dmu.
+func (l *fwdLink) takeBufLocked() []uint64 {
+	if len(l.buf) == 0 {
+		return nil
+	}
+	keys := make([]uint64, len(l.buf))
+	for i := range l.buf {
+		keys[i] = l.buf[i].d.Key
+	}
+	l.buf = nil
+	return keys
+}
+
+// returnOp is how l gives back deliveries no client saw.
+func (l *fwdLink) returnOp() peerpb.Settle_Op {
+	if l.readAhead {
+		return peerpb.Settle_RETURN
+	}
+	return peerpb.Settle_REQUEUE // a holder of an earlier version
+}
+
+// checkStale returns the read-ahead to the holder when its oldest delivery
+// waited fwdReadAheadHold (a timer's goroutine).
+func (l *fwdLink) checkStale() {
+	ch := l.ch
+	ch.dmu.Lock()
+	l.stale = nil
+	if l.closed || len(l.buf) == 0 {
+		ch.dmu.Unlock()
+		return
+	}
+	if wait := fwdReadAheadHold - time.Since(l.buf[0].at); wait > 0 {
+		l.stale = time.AfterFunc(wait, l.checkStale)
+		ch.dmu.Unlock()
+		return
+	}
+	keys := l.takeBufLocked()
+	l.paused = true
+	l.reported = 0
+	ch.dmu.Unlock()
+	l.settle(peerpb.Settle_RETURN, keys...)
+	_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{}}}) // buffered 0
+	// The credit they used is granted again once the client runs short.
+}
+
+// reportLocked makes sure the holder learns len(buf) soon when it changed
+// since the last report. Under ch.dmu.
+func (l *fwdLink) reportLocked() {
+	if !l.readAhead || l.closed || l.report != nil || len(l.buf) == l.reported {
+		return
+	}
+	l.report = time.AfterFunc(fwdReportWait, func() {
+		ch := l.ch
+		ch.dmu.Lock()
+		l.report = nil
+		n := len(l.buf)
+		if l.closed || n == l.reported {
+			ch.dmu.Unlock()
+			return
+		}
+		l.reported = n
+		ch.dmu.Unlock()
+		_ = l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Credit{Credit: &peerpb.Credit{Buffered: uint32(n)}}})
+	})
 }
 
 // creditFor is how much more credit a forwarded consumer's link may grant
@@ -340,7 +525,10 @@ func (l *fwdLink) cancel() {
 	l.cancelOk = make(chan struct{})
 	ok := l.cancelOk
 	idle := l.held == 0
+	back := l.takeBufLocked() // no client saw them
+	l.reported = 0            // the holder counts what comes back
 	l.ch.dmu.Unlock()
+	l.settle(l.returnOp(), back...)
 	if l.send(&peerpb.LinkRequest{Kind: &peerpb.LinkRequest_Cancel{Cancel: &peerpb.Cancel{}}}) == nil {
 		t := time.NewTimer(drainWait)
 		select {
@@ -368,7 +556,16 @@ func (l *fwdLink) close() {
 	l.ch.fwdInflight -= l.inflight
 	l.inflight = 0
 	delete(l.ch.links, l)
+	back := l.takeBufLocked()
+	l.reported = 0
+	for _, t := range []*time.Timer{l.stale, l.report} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+	l.stale, l.report = nil, nil
 	l.ch.dmu.Unlock()
+	l.settle(l.returnOp(), back...) // no client saw them
 	l.smu.Lock()
 	_ = l.flushLocked()
 	_ = l.stream.CloseSend()
@@ -398,6 +595,7 @@ func (l *fwdLink) void() {
 	ch := l.ch
 	ch.dmu.Lock()
 	defer ch.dmu.Unlock()
+	l.buf = nil // the holder puts them back
 	if l.held == 0 {
 		return
 	}
@@ -419,7 +617,8 @@ func (l *fwdLink) ended() {
 }
 
 // deliver passes a delivery of the holder to the client, as the
-// dispatcher does for a local one (the link's goroutine).
+// dispatcher does for a local one, or keeps it in the read-ahead while the
+// client's window is full (the link's goroutine).
 func (l *fwdLink) deliver(d *peerpb.Delivery) {
 	cs, ch := l.cs, l.ch
 	exchange, key, props := decodeMessage(cs.q.name, d.Metadata, d.Tags)
@@ -430,26 +629,22 @@ func (l *fwdLink) deliver(d *peerpb.Delivery) {
 	}
 	if cs.stopped || ch.stopped || cs.fwd != l || l.closed {
 		ch.dmu.Unlock()
-		l.settle(peerpb.Settle_REQUEUE, d.Key)
+		l.settle(l.returnOp(), d.Key)
 		return
 	}
-	ch.nextTag++
-	tag := ch.nextTag
-	if !cs.noAck {
-		ch.unacked[tag] = &unacked{fwd: l, key: d.Key, cons: cs, queue: cs.q, tag: tag}
-		ch.order = append(ch.order, tag)
-		cs.outstanding++
-		l.held++
+	if l.readAhead && (len(l.buf) > 0 || !l.windowLocked()) {
+		l.buf = append(l.buf, fwdBuffered{d: d, exchange: exchange, key: key, props: props, at: time.Now()})
+		if l.stale == nil {
+			l.stale = time.AfterFunc(fwdReadAheadHold, l.checkStale)
+		}
+		ch.dmu.Unlock()
+		return
 	}
-	ch.c.srv.m.delivered.Inc()
-	cs.q.delivered(len(d.Body))
-	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
-		Redelivered: d.Redelivered, Exchange: exchange, RoutingKey: key}, props: &props, body: d.Body})
+	l.handOutLocked(d, exchange, key, &props)
 	ch.dmu.Unlock()
 	if cs.noAck {
 		l.settle(peerpb.Settle_ACK, d.Key)
 	}
-	l.grant()
 }
 
 // run passes the holder's deliveries to the client until the link ends.
@@ -463,12 +658,14 @@ func (l *fwdLink) run() error {
 		switch k := resp.Kind.(type) {
 		case *peerpb.LinkResponse_Delivery:
 			l.deliver(k.Delivery)
+			l.grant()
 			l.flush()
 		case *peerpb.LinkResponse_Deliveries:
 			for _, d := range k.Deliveries.Items {
 				l.deliver(d)
 			}
-			l.flush() // no-ack acks, and requeues of what came too late
+			l.grant()
+			l.flush() // no-ack acks, and returns of what came too late
 		case *peerpb.LinkResponse_Cancelled:
 			l.ch.dmu.Lock()
 			ok := l.cancelOk

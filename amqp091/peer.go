@@ -64,6 +64,9 @@ type peerLink struct {
 	sendq   []*peerpb.LinkResponse
 	ended   bool // finish ran: nothing may be added to out
 	batch   bool // the other replica takes Deliveries (Open.batch)
+	// buffered is how many of out the other replica holds in its
+	// read-ahead, no client having them (Credit.buffered): ready in counts.
+	buffered int
 }
 
 // Bounds of one Deliveries response: it stays far below gRPC's message
@@ -187,7 +190,7 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 			return err
 		}
 	}
-	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{}}})
+	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true}}})
 	sent := make(chan error, 1)
 	go func() { sent <- l.sendLoop(stream) }()
 	// Recv only returns once the stream ends, which is after this handler
@@ -422,8 +425,11 @@ func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
 			}
 			l.mu.Lock()
 			l.credit = min(l.credit+int(k.Credit.Add), maxLinkCredit)
+			l.buffered = min(int(k.Credit.Buffered), len(l.out))
 			l.mu.Unlock()
-			l.cs.d.wake()
+			if k.Credit.Add > 0 {
+				l.cs.d.wake()
+			}
 		case *peerpb.LinkRequest_Settle:
 			l.settle(k.Settle)
 		case *peerpb.LinkRequest_Cancel:
@@ -456,6 +462,14 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 		return
 	}
 	switch {
+	case st.Op == peerpb.Settle_RETURN && !l.q.isDeleted():
+		// The other replica's read-ahead: no client saw them.
+		l.mu.Lock()
+		l.buffered = max(l.buffered-len(ds), 0)
+		l.mu.Unlock()
+		for h, back := range l.q.viaHandles(l.h, ds) {
+			h.Unfetch(back...)
+		}
 	case st.Op == peerpb.Settle_REQUEUE && !l.q.isDeleted():
 		back := ds[:0]
 		for _, d := range ds {
@@ -585,6 +599,27 @@ func (s *Server) drainLinks(ctx context.Context) {
 	}
 }
 
+// linksBuffered is how many deliveries of KubeMQ channel ch other
+// replicas hold in their links' read-ahead: ready, as this replica's own
+// read-ahead is, in message counts.
+func (s *Server) linksBuffered(ch string) uint32 {
+	s.mu.Lock()
+	ls := make([]*peerLink, 0, len(s.links))
+	for l := range s.links {
+		if l.q.channel == ch {
+			ls = append(ls, l)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, l := range ls {
+		l.mu.Lock()
+		n += min(l.buffered, len(l.out))
+		l.mu.Unlock()
+	}
+	return uint32(n)
+}
+
 // outstanding is how many deliveries l has out.
 func (l *peerLink) outstanding() int {
 	l.mu.Lock()
@@ -604,7 +639,7 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 		if req.Use {
 			q.touch() // a redeclare through the other replica (x-expires)
 		}
-		n, known, err := s.queueReady(ctx, q)
+		n, known, err := s.readyWithLinks(ctx, q)
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
 		}

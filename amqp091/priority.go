@@ -476,6 +476,16 @@ func (q *queue) leaseIDs(h *delivery.Handle, ds []*delivery.Delivery) map[*deliv
 	return out
 }
 
+// viaHandles groups ds by the lease handle each came through (see via).
+func (q *queue) viaHandles(h *delivery.Handle, ds []*delivery.Delivery) map[*delivery.Handle][]*delivery.Delivery {
+	out := map[*delivery.Handle][]*delivery.Delivery{}
+	for _, d := range ds {
+		x := q.via(h, d)
+		out[x] = append(out[x], d)
+	}
+	return out
+}
+
 // trimLevels is trim of priority queue q, which counts n ready messages:
 // its messages are taken in delivery order (highest level first, FIFO
 // within one) and all but the longest tail of that order within the

@@ -499,8 +499,19 @@ func (s *Server) counts(ctx context.Context, q *queue, use bool) (n uint32, know
 	if r, ok := s.queueRemote(ctx, q, peerpb.QueueRequest_COUNT, use); ok {
 		return r.Count, r.Known, max(consumers, int(r.Consumers)), nil
 	}
-	n, known, err = s.queueReady(ctx, q)
+	n, known, err = s.readyWithLinks(ctx, q)
 	return n, known, consumers, err
+}
+
+// readyWithLinks is queueReady plus what other replicas hold in their
+// links' read-ahead (no client has those: ready, as this replica's own
+// read-ahead is).
+func (s *Server) readyWithLinks(ctx context.Context, q *queue) (uint32, bool, error) {
+	n, known, err := s.queueReady(ctx, q)
+	if err == nil && known {
+		n += min(s.linksBuffered(q.channel), 1<<32-1-n)
+	}
+	return n, known, err
 }
 
 // localReadyCount is readyCount for KubeMQ channel ch by this replica.

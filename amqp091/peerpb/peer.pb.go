@@ -31,6 +31,7 @@ const (
 	Settle_ACK     Settle_Op = 0 // basic.ack (or, from a replica before REJECT, a reject/nack without requeue)
 	Settle_REQUEUE Settle_Op = 1 // back at its place in the queue, redelivered
 	Settle_REJECT  Settle_Op = 2 // basic.reject/nack without requeue: dead-lettered when the queue says so, then acked
+	Settle_RETURN  Settle_Op = 3 // never reached a client (read-ahead): back in place, not redelivered (to a holder with Opened.read_ahead)
 )
 
 // Enum value maps for Settle_Op.
@@ -39,11 +40,13 @@ var (
 		0: "ACK",
 		1: "REQUEUE",
 		2: "REJECT",
+		3: "RETURN",
 	}
 	Settle_Op_value = map[string]int32{
 		"ACK":     0,
 		"REQUEUE": 1,
 		"REJECT":  2,
+		"RETURN":  3,
 	}
 )
 
@@ -427,8 +430,13 @@ func (x *Open) GetBatch() bool {
 }
 
 type Credit struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Add           uint32                 `protobuf:"varint,1,opt,name=add,proto3" json:"add,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Add   uint32                 `protobuf:"varint,1,opt,name=add,proto3" json:"add,omitempty"`
+	// buffered: deliveries the caller holds in its read-ahead that no client
+	// has yet (only to a holder that said Opened.read_ahead); the holder
+	// counts them as ready in message counts. A Credit with add 0 only
+	// reports it.
+	Buffered      uint32 `protobuf:"varint,2,opt,name=buffered,proto3" json:"buffered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -466,6 +474,13 @@ func (*Credit) Descriptor() ([]byte, []int) {
 func (x *Credit) GetAdd() uint32 {
 	if x != nil {
 		return x.Add
+	}
+	return 0
+}
+
+func (x *Credit) GetBuffered() uint32 {
+	if x != nil {
+		return x.Buffered
 	}
 	return 0
 }
@@ -769,7 +784,10 @@ func (x *Deliveries) GetItems() []*Delivery {
 }
 
 type Opened struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// read_ahead: this holder takes Settle RETURN and Credit.buffered, so
+	// the caller may grant credit beyond its client's prefetch.
+	ReadAhead     bool `protobuf:"varint,1,opt,name=read_ahead,json=readAhead,proto3" json:"read_ahead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -802,6 +820,13 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
 	return file_peer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Opened) GetReadAhead() bool {
+	if x != nil {
+		return x.ReadAhead
+	}
+	return false
 }
 
 type GetEmpty struct {
@@ -1250,17 +1275,20 @@ const file_peer_proto_rawDesc = "" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
 	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
 	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
-	"\x05batch\x18\b \x01(\bR\x05batch\"\x1a\n" +
+	"\x05batch\x18\b \x01(\bR\x05batch\"6\n" +
 	"\x06Credit\x12\x10\n" +
-	"\x03add\x18\x01 \x01(\rR\x03add\"y\n" +
+	"\x03add\x18\x01 \x01(\rR\x03add\x12\x1a\n" +
+	"\bbuffered\x18\x02 \x01(\rR\bbuffered\"\x85\x01\n" +
 	"\x06Settle\x123\n" +
 	"\x02op\x18\x01 \x01(\x0e2#.kubemqproxy.amqp.peer.v1.Settle.OpR\x02op\x12\x12\n" +
-	"\x04keys\x18\x02 \x03(\x04R\x04keys\"&\n" +
+	"\x04keys\x18\x02 \x03(\x04R\x04keys\"2\n" +
 	"\x02Op\x12\a\n" +
 	"\x03ACK\x10\x00\x12\v\n" +
 	"\aREQUEUE\x10\x01\x12\n" +
 	"\n" +
-	"\x06REJECT\x10\x02\"\x05\n" +
+	"\x06REJECT\x10\x02\x12\n" +
+	"\n" +
+	"\x06RETURN\x10\x03\"\x05\n" +
 	"\x03Get\"\b\n" +
 	"\x06Cancel\"\xe4\x02\n" +
 	"\fLinkResponse\x12:\n" +
@@ -1274,8 +1302,10 @@ const file_peer_proto_rawDesc = "" +
 	"\x04kind\"F\n" +
 	"\n" +
 	"Deliveries\x128\n" +
-	"\x05items\x18\x01 \x03(\v2\".kubemqproxy.amqp.peer.v1.DeliveryR\x05items\"\b\n" +
-	"\x06Opened\"\n" +
+	"\x05items\x18\x01 \x03(\v2\".kubemqproxy.amqp.peer.v1.DeliveryR\x05items\"'\n" +
+	"\x06Opened\x12\x1d\n" +
+	"\n" +
+	"read_ahead\x18\x01 \x01(\bR\treadAhead\"\n" +
 	"\n" +
 	"\bGetEmpty\"#\n" +
 	"\tCancelled\x12\x16\n" +

@@ -421,6 +421,7 @@ func (l *fwdLink) handOutLocked(d *peerpb.Delivery, exchange, key string, props 
 		l.held++
 	}
 	ch.c.srv.m.delivered.Inc()
+	ch.c.srv.m.firstForwarded(d.StoredAt)
 	cs.q.delivered(len(d.Body))
 	ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag,
 		Redelivered: d.Redelivered, Exchange: exchange, RoutingKey: key}, props: props, body: d.Body})
@@ -838,6 +839,7 @@ func (ch *channel) getForwarded(q *queue, pc peerpb.AMQPPeerClient, m *wire.Basi
 			l.held++
 		}
 		ch.c.srv.m.delivered.Inc()
+		ch.c.srv.m.firstForwarded(d.StoredAt)
 		q.delivered(len(d.Body))
 		ch.c.w.send(outFrame{channel: ch.id, m: &wire.BasicGetOk{DeliveryTag: tag, Redelivered: d.Redelivered, Exchange: exchange,
 			RoutingKey: key, MessageCount: d.MessageCount}, props: &props, body: d.Body})

@@ -150,6 +150,15 @@ func (m *metrics) firstDelivery(d *delivery.Delivery) {
 	}
 }
 
+// firstForwarded observes the delivery latency of a delivery from the
+// replica that holds its queue (peerpb.Delivery.stored_at; 0 when it is a
+// redelivery or its store time is not known).
+func (m *metrics) firstForwarded(storedAt int64) {
+	if storedAt != 0 {
+		m.deliveryLatency.Observe(max(time.Since(time.Unix(0, storedAt)), 0).Seconds())
+	}
+}
+
 // closed counts a close the server initiated.
 func (m *metrics) closed(code uint16, scope string) {
 	m.errors.WithLabelValues(strconv.Itoa(int(code)), scope).Inc()

@@ -311,13 +311,16 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
 	l.q.delivered(len(d.Body))
-	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return true
 }
 
 func toPeer(key uint64, d *delivery.Delivery, count uint32) *peerpb.Delivery {
-	return &peerpb.Delivery{Key: key, Body: d.Body, Metadata: d.Metadata, Tags: d.Tags, Redelivered: d.Redelivered, MessageCount: count}
+	var stored int64
+	if d.Attempt <= 1 && !d.StoredAt.IsZero() {
+		stored = d.StoredAt.UnixNano()
+	}
+	return &peerpb.Delivery{Key: key, Body: d.Body, Metadata: d.Metadata, Tags: d.Tags, Redelivered: d.Redelivered, MessageCount: count, StoredAt: stored}
 }
 
 func (l *peerLink) enqueue(r *peerpb.LinkResponse) {
@@ -534,7 +537,6 @@ func (l *peerLink) get() error {
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
 	l.q.delivered(len(d.Body))
-	l.s.m.firstDelivery(d) // observed here, on the owner: the other replica has no store time
 	l.signal()
 	return nil
 }

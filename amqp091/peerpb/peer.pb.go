@@ -920,7 +920,12 @@ type Delivery struct {
 	Tags        map[string]string      `protobuf:"bytes,4,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Redelivered bool                   `protobuf:"varint,5,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
 	// message_count: answers a Get, the messages left ready.
-	MessageCount  uint32 `protobuf:"varint,6,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
+	MessageCount uint32 `protobuf:"varint,6,opt,name=message_count,json=messageCount,proto3" json:"message_count,omitempty"`
+	// stored_at: KubeMQ's store time of a first delivery in Unix
+	// nanoseconds (0: a redelivery, or not known). The replica that hands
+	// the message to its client observes its delivery latency with it (a
+	// forwarded consumer's read-ahead may hold it, or hand it back).
+	StoredAt      int64 `protobuf:"varint,7,opt,name=stored_at,json=storedAt,proto3" json:"stored_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -993,6 +998,13 @@ func (x *Delivery) GetRedelivered() bool {
 func (x *Delivery) GetMessageCount() uint32 {
 	if x != nil {
 		return x.MessageCount
+	}
+	return 0
+}
+
+func (x *Delivery) GetStoredAt() int64 {
+	if x != nil {
+		return x.StoredAt
 	}
 	return 0
 }
@@ -1309,14 +1321,15 @@ const file_peer_proto_rawDesc = "" +
 	"\n" +
 	"\bGetEmpty\"#\n" +
 	"\tCancelled\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x8e\x02\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xab\x02\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x1a\n" +
 	"\bmetadata\x18\x03 \x01(\tR\bmetadata\x12@\n" +
 	"\x04tags\x18\x04 \x03(\v2,.kubemqproxy.amqp.peer.v1.Delivery.TagsEntryR\x04tags\x12 \n" +
 	"\vredelivered\x18\x05 \x01(\bR\vredelivered\x12#\n" +
-	"\rmessage_count\x18\x06 \x01(\rR\fmessageCount\x1a7\n" +
+	"\rmessage_count\x18\x06 \x01(\rR\fmessageCount\x12\x1b\n" +
+	"\tstored_at\x18\a \x01(\x03R\bstoredAt\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +

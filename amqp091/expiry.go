@@ -46,6 +46,10 @@ type reaper struct {
 	// meanwhile may hold later messages and gives them back (inOrder).
 	peeks   atomic.Uint64
 	peeking atomic.Bool
+	// heldBy is the lease engine consumer of q that the reaper's last
+	// expiryHold found (reaper goroutine only): a different one means this
+	// replica took q (over) since, and the x-expires timer starts afresh.
+	heldBy *delivery.Consumer
 }
 
 // inOrder reports whether messages fetched from q since peeks read gen
@@ -222,7 +226,12 @@ func (s *Server) expiryHold(q *queue, h *delivery.Handle) *delivery.Handle {
 		}
 		return nil
 	}
-	if cur == nil || cur != h.Consumer() {
+	// Compared with what the reaper saw last, not with cur: the queue may
+	// have come to this replica through another path (a handover from a
+	// stopping holder, a consumer or a get here) since the reaper's last
+	// look, and the uses before that were seen elsewhere.
+	if c := h.Consumer(); c != q.reap.heldBy {
+		q.reap.heldBy = c
 		q.touch()
 	}
 	return h

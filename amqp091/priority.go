@@ -378,8 +378,10 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		}()
 	}
 	var scanned time.Time
+	missing := false // a used level could not be acquired (another replica still has it)
 	scan := func() {
 		scanned = time.Now()
+		missing = false
 		ps, err := d.srv.usedLevels(d.ctx, q)
 		if err != nil {
 			if d.ctx.Err() == nil {
@@ -396,6 +398,7 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 				if d.ctx.Err() == nil {
 					d.srv.log.Warn("acquiring a priority level failed", zap.String("queue", q.name), zap.Int("level", p), zap.Error(err))
 				}
+				missing = true
 				continue
 			}
 			lv[p] = &level{p: p, h: h}
@@ -423,6 +426,9 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		case <-q.prio.note:
 			scan()
 		default:
+			if missing && time.Since(scanned) >= levelScan {
+				scan() // also while lower levels keep it busy
+			}
 		}
 		credit := d.credit()
 		if credit == 0 {

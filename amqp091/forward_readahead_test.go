@@ -54,6 +54,7 @@ func TestForwardedReadAheadReturned(t *testing.T) {
 			if _, err := cha.QueueDeclare(name, true, false, false, false, nil); err != nil {
 				t.Fatal(err)
 			}
+			waitKnown(t, rs, name)
 			// a holds the queue through a consumer that keeps message 0.
 			hold := a.channel(ca)
 			if err := hold.Qos(1, 0, false); err != nil {

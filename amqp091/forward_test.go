@@ -799,3 +799,55 @@ func TestForwardedStreadway(t *testing.T) {
 		}
 	}
 }
+
+// A forwarded consumer of a queue with messages waiting gets them as
+// first deliveries, over the link it opened: the holder answers Opened
+// before its dispatcher may send the consumer anything (otherwise the
+// link was taken for a failed one, and what it had out came again,
+// redelivered, over a second link).
+func TestForwardedFirstDeliveries(t *testing.T) {
+	// The dispatcher has time to send before the handler goes on.
+	linkRegistered = func() { time.Sleep(20 * time.Millisecond) }
+	t.Cleanup(func() { linkRegistered = nil })
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ca := a.dial()
+	hold := a.channel(ca)
+	if err := hold.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	cb := b.dial()
+	for i := range 5 {
+		name := "first." + strconv.Itoa(i)
+		if _, err := a.channel(ca).QueueDeclare(name, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitKnown(t, rs, name)
+		// a holds the queue through a consumer that keeps message 0.
+		hd, err := hold.Consume(name, "hold"+strconv.Itoa(i), false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if owner(t, rs, name) != a {
+			t.Fatal("a should hold the queue")
+		}
+		publishN(t, a.channel(ca), name, 0, 20)
+		mustRecv(t, hd, "hold")
+		chb := b.channel(cb)
+		if err := chb.Qos(10, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		db, err := chb.Consume(name, "fwd", false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 10 {
+			if d := mustRecv(t, db, "forwarded delivery"); d.Redelivered {
+				t.Fatalf("queue %d: first delivery of %s redelivered", i, d.MessageId)
+			}
+		}
+		if err := chb.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -185,12 +185,19 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 		delete(s.links, l)
 		s.mu.Unlock()
 	}()
+	// Opened goes first: a registered consumer may be sent deliveries at
+	// once, and the other replica takes a link whose first response is not
+	// Opened for a failed one (what it had out would come again,
+	// redelivered). Nothing is sent if registering fails.
+	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true}}})
 	if open.Consume {
 		if err := l.register(open); err != nil {
 			return err
 		}
+		if linkRegistered != nil {
+			linkRegistered()
+		}
 	}
-	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true}}})
 	sent := make(chan error, 1)
 	go func() { sent <- l.sendLoop(stream) }()
 	// Recv only returns once the stream ends, which is after this handler
@@ -220,6 +227,10 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	}
 	return err
 }
+
+// linkRegistered, when set, runs once a link's consumer is registered:
+// a variable for the tests alone.
+var linkRegistered func()
 
 // register adds l as a consumer of its queue's dispatcher, with the same
 // checks as a local basic.consume.

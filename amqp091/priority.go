@@ -47,6 +47,7 @@ type prioLevels struct {
 
 	mu      sync.Mutex
 	handles map[int]*delivery.Handle // levels above 0 this process acquired
+	base    <-chan struct{}          // Gone of the level-0 Consumer the handles go with
 	closed  bool                     // the queue is gone: no more handles
 }
 
@@ -104,17 +105,33 @@ func (q *queue) storeChannel(tags map[string]string) string {
 }
 
 // levelHandle returns this process's lease handle on q's level p > 0,
-// acquiring it on first use. It stays open until the queue is deleted here
-// or the server shuts down.
-func (s *Server) levelHandle(ctx context.Context, q *queue, p int) (*delivery.Handle, error) {
+// acquiring it on first use; h0 is the caller's handle on level 0. The
+// level handles go with level 0's engine Consumer here: they are closed
+// when it is (watchLevels), so that the replica that takes level 0 over
+// also gets the other levels, and when level 0 is consumed through
+// another Consumer meanwhile. Deleting the queue closes them too.
+func (s *Server) levelHandle(ctx context.Context, q *queue, p int, h0 *delivery.Handle) (*delivery.Handle, error) {
 	lv := q.prio
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
-	if h := lv.handles[p]; h != nil {
-		return h, nil
-	}
 	if lv.closed {
 		return nil, errNoQueue(q.name, q.vh.displayName())
+	}
+	if base := h0.Gone(); base != lv.base {
+		select {
+		case <-base:
+			return nil, delivery.ErrClosed // h0's Consumer is gone (handed over): so is the caller
+		default:
+		}
+		for _, h := range lv.handles {
+			h.Close() // they went with an earlier level-0 Consumer
+		}
+		lv.handles, lv.base = map[int]*delivery.Handle{}, base
+		s.wg.Add(1)
+		go s.watchLevels(q, base)
+	}
+	if h := lv.handles[p]; h != nil {
+		return h, nil
 	}
 	h, err := s.deliveries.Acquire(ctx, q.levelChannel(p))
 	if err != nil {
@@ -123,6 +140,32 @@ func (s *Server) levelHandle(ctx context.Context, q *queue, p int) (*delivery.Ha
 	h.SetReadAhead(readAhead)
 	lv.handles[p] = h
 	return h, nil
+}
+
+// watchLevels closes q's level handles once the level-0 Consumer they go
+// with (base) is gone, unless they went with another one meanwhile. Their
+// engine Consumers then close once their leases are settled (acks reach
+// them through the handles the deliveries came with) and give their
+// holding up.
+func (s *Server) watchLevels(q *queue, base <-chan struct{}) {
+	defer s.wg.Done()
+	select {
+	case <-base:
+	case <-s.ctx.Done():
+		return // shutdown closes every engine Consumer
+	}
+	lv := q.prio
+	lv.mu.Lock()
+	if lv.base != base {
+		lv.mu.Unlock()
+		return
+	}
+	hs := lv.handles
+	lv.handles, lv.base = map[int]*delivery.Handle{}, nil
+	lv.mu.Unlock()
+	for _, h := range hs {
+		h.Close()
+	}
 }
 
 // closeLevels releases q's level handles (q was deleted).
@@ -288,7 +331,7 @@ func (s *Server) tryFetchTop(ctx context.Context, q *queue, h0 *delivery.Handle)
 	for _, p := range ps {
 		h := h0
 		if p > 0 {
-			if h, err = s.levelHandle(ctx, q, p); err != nil {
+			if h, err = s.levelHandle(ctx, q, p, h0); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -335,8 +378,10 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		}()
 	}
 	var scanned time.Time
+	missing := false // a used level could not be acquired (another replica still has it)
 	scan := func() {
 		scanned = time.Now()
+		missing = false
 		ps, err := d.srv.usedLevels(d.ctx, q)
 		if err != nil {
 			if d.ctx.Err() == nil {
@@ -348,11 +393,12 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 			if lv[p] != nil {
 				continue
 			}
-			h, err := d.srv.levelHandle(d.ctx, q, p)
+			h, err := d.srv.levelHandle(d.ctx, q, p, h0)
 			if err != nil {
 				if d.ctx.Err() == nil {
 					d.srv.log.Warn("acquiring a priority level failed", zap.String("queue", q.name), zap.Int("level", p), zap.Error(err))
 				}
+				missing = true
 				continue
 			}
 			lv[p] = &level{p: p, h: h}
@@ -380,6 +426,9 @@ func (d *dispatcher) runLevels(h0 *delivery.Handle) {
 		case <-q.prio.note:
 			scan()
 		default:
+			if missing && time.Since(scanned) >= levelScan {
+				scan() // also while lower levels keep it busy
+			}
 		}
 		credit := d.credit()
 		if credit == 0 {
@@ -510,7 +559,7 @@ func (s *Server) trimLevels(q *queue, h0 *delivery.Handle, n int64) {
 	for _, p := range ps {
 		h := h0
 		if p > 0 {
-			if h, err = s.levelHandle(s.ctx, q, p); err != nil {
+			if h, err = s.levelHandle(s.ctx, q, p, h0); err != nil {
 				break
 			}
 		}
@@ -565,7 +614,7 @@ func (s *Server) expireHeads(q *queue, h0 *delivery.Handle) (time.Time, bool) {
 	for _, p := range ps {
 		h := h0
 		if p > 0 {
-			if h, err = s.levelHandle(s.ctx, q, p); err != nil {
+			if h, err = s.levelHandle(s.ctx, q, p, h0); err != nil {
 				continue
 			}
 		}

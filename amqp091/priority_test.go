@@ -346,3 +346,85 @@ func TestForwardedPriority(t *testing.T) {
 		t.Fatalf("count after acks: %d, want 0", n)
 	}
 }
+
+// A replica lets a priority queue's levels go with level 0: when the
+// queue's last consumer there ends and another replica takes the queue,
+// that replica serves every level, in priority order.
+func TestPriorityHolderChange(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ca := a.dial()
+	pa := confirmChannel(t, a.env, ca)
+	args := amqp.Table{"x-max-priority": int32(10)}
+	if _, err := pa.QueueDeclare("move.p", true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	publishPrio(t, pa, "move.p", "a1", 1)
+	publishPrio(t, pa, "move.p", "a9", 9)
+	publishPrio(t, pa, "move.p", "a5", 5)
+	cha := a.channel(ca)
+	msgs, err := cha.Consume("move.p", "ca", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ds := recvBodies(t, msgs, 3, "on a")
+	wantSeq(t, got, "a9", "a5", "a1")
+	for _, d := range ds {
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if owner(t, rs, "move.p") != a {
+		t.Fatal("a should hold the queue")
+	}
+	if err := cha.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// a lets level 0 go once its consumer's channel closed and its
+	// leases are settled, and every other level with it.
+	q := a.srv.top.vhost(vhostKey(a.vhost)).lookupQueue("move.p")
+	deadline := time.Now().Add(15 * time.Second)
+	held := func(ch string) bool {
+		if a.m.Lookup(ch) != nil {
+			return true
+		}
+		m, ok := b.cluster.Owner(ch) // the holding's release, as b sees it
+		return ok && m.ID == a.id
+	}
+	for _, p := range []int{0, 1, 5, 9} {
+		for held(q.levelChannel(p)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("a still consumes level %d of a queue it has no use for", p)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	cb := b.dial()
+	pb := confirmChannel(t, b.env, cb)
+	publishPrio(t, pb, "move.p", "n", -1)
+	publishPrio(t, pb, "move.p", "b5", 5)
+	publishPrio(t, pb, "move.p", "b9", 9)
+	publishPrio(t, pb, "move.p", "b1", 1)
+	chb := b.channel(cb)
+	if err := chb.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	mb, err := chb.Consume("move.p", "cb", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ds = recvBodies(t, mb, 4, "on b")
+	wantSeq(t, got, "b9", "b5", "b1", "n")
+	for _, d := range ds {
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nothingMore(t, 300*time.Millisecond, "after acks", mb)
+	qb := b.srv.top.vhost(vhostKey(b.vhost)).lookupQueue("move.p")
+	for _, p := range []int{0, 1, 5, 9} {
+		if b.m.Lookup(qb.levelChannel(p)) == nil {
+			t.Fatalf("b, which holds the queue now, does not consume level %d", p)
+		}
+	}
+}

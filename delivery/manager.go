@@ -468,6 +468,11 @@ type Handle struct {
 // Consumer returns the shared Consumer.
 func (h *Handle) Consumer() *Consumer { return h.c }
 
+// Gone returns a channel closed once the Consumer h shares is closed and forgotten: the queue
+// is no longer consumed here through it (its last Handle closed and its leases settled, or its
+// holding lost). A later Acquire starts another Consumer, with another Gone.
+func (h *Handle) Gone() <-chan struct{} { return h.e.done }
+
 // SetDeadline sets the lease deadline of later Fetch calls through h (0 = none).
 func (h *Handle) SetDeadline(d time.Duration) {
 	h.c.mu.Lock()

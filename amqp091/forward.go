@@ -160,6 +160,9 @@ type fwdLink struct {
 	// readAhead: the holder takes Settle RETURN and Credit.buffered
 	// (Opened.read_ahead), so the consumer may read ahead (see grant).
 	readAhead bool
+	// holderAcks: the holder settles this no-ack consumer's deliveries as
+	// it sends them (Opened.no_ack); this side sends no Settle for them.
+	holderAcks bool
 
 	// Guarded by ch.dmu.
 	inflight  int           // credit granted and not used yet
@@ -230,6 +233,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		open.Consume, open.ConsumerTag, open.Exclusive, open.Priority, open.Credit = true, cs.tag, cs.exclusive, cs.priority, uint32(credit)
 		open.SingleActive = q.singleActive
 		open.Batch = true
+		open.NoAck = cs.noAck
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer
 	stream, err := pc.Link(ctx)
@@ -255,7 +259,7 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		return nil, err
 	}
 	l := &fwdLink{s: s, ch: ch, q: q, cs: cs, stream: stream, end: end, finished: make(chan struct{}), inflight: credit,
-		readAhead: resp.GetOpened().GetReadAhead()}
+		readAhead: resp.GetOpened().GetReadAhead(), holderAcks: cs != nil && cs.noAck && resp.GetOpened().GetNoAck()}
 	ch.dmu.Lock()
 	if ch.stopped {
 		ch.dmu.Unlock()
@@ -643,8 +647,8 @@ func (l *fwdLink) deliver(d *peerpb.Delivery) {
 	}
 	l.handOutLocked(d, exchange, key, &props)
 	ch.dmu.Unlock()
-	if cs.noAck {
-		l.settle(peerpb.Settle_ACK, d.Key)
+	if cs.noAck && !l.holderAcks {
+		l.settle(peerpb.Settle_ACK, d.Key) // a holder of an earlier version
 	}
 }
 

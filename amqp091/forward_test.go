@@ -851,3 +851,67 @@ func TestForwardedFirstDeliveries(t *testing.T) {
 		}
 	}
 }
+
+// A forwarded no-ack consumer is at-most-once, as RabbitMQ's no-ack: the
+// holder settles each delivery as it sends it and keeps nothing out for
+// it, so nothing it sent comes again when the consumer goes.
+func TestForwardedNoAckSettledOnSend(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	const name = "noack.fwd"
+	ca := a.dial()
+	if _, err := a.channel(ca).QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitKnown(t, rs, name)
+	// a holds the queue through a consumer that keeps message 0.
+	hold := a.channel(ca)
+	if err := hold.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	hd, err := hold.Consume(name, "hold", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, name) != a {
+		t.Fatal("a should hold the queue")
+	}
+	const n = 20
+	publishN(t, a.channel(ca), name, 0, n)
+	h0 := mustRecv(t, hd, "hold")
+	chb := b.channel(b.dial())
+	db, err := chb.Consume(name, "fwd", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n - 1 {
+		if d := mustRecv(t, db, "forwarded no-ack delivery"); d.Redelivered {
+			t.Fatalf("%s redelivered", d.MessageId)
+		}
+	}
+	a.srv.mu.Lock()
+	var links []*peerLink
+	for l := range a.srv.links {
+		if l.q.name == name {
+			links = append(links, l)
+		}
+	}
+	a.srv.mu.Unlock()
+	if len(links) != 1 {
+		t.Fatalf("holder has %d links, want 1", len(links))
+	}
+	if !links[0].noAck {
+		t.Fatal("the holder does not know the link's consumer is no-ack")
+	}
+	if out := links[0].outstanding(); out != 0 {
+		t.Fatalf("holder keeps %d no-ack deliveries out", out)
+	}
+	if err := chb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h0.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	nothingMore(t, 500*time.Millisecond, "after the no-ack consumer went", hd)
+	readyThrough(t, a, name, 0)
+}

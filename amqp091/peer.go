@@ -64,6 +64,9 @@ type peerLink struct {
 	sendq   []*peerpb.LinkResponse
 	ended   bool // finish ran: nothing may be added to out
 	batch   bool // the other replica takes Deliveries (Open.batch)
+	// noAck: the consumer is no-ack (Open.no_ack): each delivery is
+	// settled as it goes out, never kept in out.
+	noAck bool
 	// buffered is how many of out the other replica holds in its
 	// read-ahead, no client having them (Credit.buffered): ready in counts.
 	buffered int
@@ -175,7 +178,8 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	case err != nil:
 		return status.Errorf(codes.Unavailable, "kubemq-proxy: %v", err)
 	}
-	l := &peerLink{s: s, q: q, h: h, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), out: map[uint64]*delivery.Delivery{}, batch: open.Batch}
+	l := &peerLink{s: s, q: q, h: h, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), out: map[uint64]*delivery.Delivery{}, batch: open.Batch,
+		noAck: open.Consume && open.NoAck}
 	defer l.finish()
 	s.mu.Lock()
 	s.links[l] = struct{}{}
@@ -189,7 +193,7 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	// once, and the other replica takes a link whose first response is not
 	// Opened for a failed one (what it had out would come again,
 	// redelivered). Nothing is sent if registering fails.
-	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true}}})
+	l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true, NoAck: l.noAck}}})
 	if open.Consume {
 		if err := l.register(open); err != nil {
 			return err
@@ -317,12 +321,18 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 	}
 	l.credit--
 	l.nextKey++
-	l.out[l.nextKey] = d
+	if !l.noAck {
+		l.out[l.nextKey] = d
+	}
 	l.sendq = append(l.sendq, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{Delivery: toPeer(l.nextKey, d, 0)}})
 	l.mu.Unlock()
 	l.s.m.delivered.Inc()
 	l.q.delivered(len(d.Body))
 	l.signal()
+	if l.noAck {
+		// Settled as it goes out, as RabbitMQ settles a no-ack delivery.
+		l.q.via(l.h, d).Ack(d.LeaseID) // uncounted in acks, as a local no-ack delivery
+	}
 	return true
 }
 

@@ -338,7 +338,12 @@ type Open struct {
 	// batch: the caller takes Deliveries; the holder then sends the
 	// deliveries that are ready at once in one response. A caller that does
 	// not set it gets one Delivery per response.
-	Batch         bool `protobuf:"varint,8,opt,name=batch,proto3" json:"batch,omitempty"`
+	Batch bool `protobuf:"varint,8,opt,name=batch,proto3" json:"batch,omitempty"`
+	// no_ack: the consumer is an AMQP no-ack consumer. A holder that answers
+	// Opened.no_ack settles each delivery as it sends it (RabbitMQ's no-ack
+	// is at-most-once: a delivery lost between the replicas is not sent
+	// again); the caller then sends no Settle for them.
+	NoAck         bool `protobuf:"varint,9,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -425,6 +430,13 @@ func (x *Open) GetSingleActive() bool {
 func (x *Open) GetBatch() bool {
 	if x != nil {
 		return x.Batch
+	}
+	return false
+}
+
+func (x *Open) GetNoAck() bool {
+	if x != nil {
+		return x.NoAck
 	}
 	return false
 }
@@ -787,7 +799,10 @@ type Opened struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// read_ahead: this holder takes Settle RETURN and Credit.buffered, so
 	// the caller may grant credit beyond its client's prefetch.
-	ReadAhead     bool `protobuf:"varint,1,opt,name=read_ahead,json=readAhead,proto3" json:"read_ahead,omitempty"`
+	ReadAhead bool `protobuf:"varint,1,opt,name=read_ahead,json=readAhead,proto3" json:"read_ahead,omitempty"`
+	// no_ack: this holder settles a no-ack consumer's deliveries as it sends
+	// them (Open.no_ack); without it the caller acks them with Settle.
+	NoAck         bool `protobuf:"varint,2,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -825,6 +840,13 @@ func (*Opened) Descriptor() ([]byte, []int) {
 func (x *Opened) GetReadAhead() bool {
 	if x != nil {
 		return x.ReadAhead
+	}
+	return false
+}
+
+func (x *Opened) GetNoAck() bool {
+	if x != nil {
+		return x.NoAck
 	}
 	return false
 }
@@ -1278,7 +1300,7 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\x8a\x02\n" +
+	"\x04kind\"\xa1\x02\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
@@ -1287,7 +1309,8 @@ const file_peer_proto_rawDesc = "" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x16\n" +
 	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
 	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
-	"\x05batch\x18\b \x01(\bR\x05batch\"6\n" +
+	"\x05batch\x18\b \x01(\bR\x05batch\x12\x15\n" +
+	"\x06no_ack\x18\t \x01(\bR\x05noAck\"6\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\x12\x1a\n" +
 	"\bbuffered\x18\x02 \x01(\rR\bbuffered\"\x85\x01\n" +
@@ -1314,10 +1337,11 @@ const file_peer_proto_rawDesc = "" +
 	"\x04kind\"F\n" +
 	"\n" +
 	"Deliveries\x128\n" +
-	"\x05items\x18\x01 \x03(\v2\".kubemqproxy.amqp.peer.v1.DeliveryR\x05items\"'\n" +
+	"\x05items\x18\x01 \x03(\v2\".kubemqproxy.amqp.peer.v1.DeliveryR\x05items\">\n" +
 	"\x06Opened\x12\x1d\n" +
 	"\n" +
-	"read_ahead\x18\x01 \x01(\bR\treadAhead\"\n" +
+	"read_ahead\x18\x01 \x01(\bR\treadAhead\x12\x15\n" +
+	"\x06no_ack\x18\x02 \x01(\bR\x05noAck\"\n" +
 	"\n" +
 	"\bGetEmpty\"#\n" +
 	"\tCancelled\x12\x16\n" +

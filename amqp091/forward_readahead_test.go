@@ -50,28 +50,8 @@ func TestForwardedReadAheadReturned(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			name := "ra." + how
 			ca := a.dial()
-			cha := a.channel(ca)
-			if _, err := cha.QueueDeclare(name, true, false, false, false, nil); err != nil {
-				t.Fatal(err)
-			}
-			waitKnown(t, rs, name)
-			// a holds the queue through a consumer that keeps message 0.
-			hold := a.channel(ca)
-			if err := hold.Qos(1, 0, false); err != nil {
-				t.Fatal(err)
-			}
-			hd, err := hold.Consume(name, "hold", false, false, false, false, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if owner(t, rs, name) != a {
-				t.Fatal("a should hold the queue")
-			}
 			const n = 20
-			publishN(t, a.channel(ca), name, 0, n)
-			if d := mustRecv(t, hd, "hold"); d.MessageId != "0" {
-				t.Fatalf("hold got %s", d.MessageId)
-			}
+			_, hold := holdOn(t, rs, a, ca, name, n)
 			chb := b.channel(b.dial())
 			if err := chb.Qos(2, 0, false); err != nil {
 				t.Fatal(err)
@@ -97,18 +77,7 @@ func TestForwardedReadAheadReturned(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 			// The holder has 6 out on the link: the client's 2 and the read-ahead.
-			a.srv.mu.Lock()
-			var links []*peerLink
-			for l := range a.srv.links {
-				if l.q.name == name {
-					links = append(links, l)
-				}
-			}
-			a.srv.mu.Unlock()
-			if len(links) != 1 {
-				t.Fatalf("holder has %d links, want 1", len(links))
-			}
-			if out := links[0].outstanding(); out != 6 {
+			if out := holderLink(t, a, name).outstanding(); out != 6 {
 				t.Fatalf("holder has %d out on the link, want 6", out)
 			}
 			if how == "cancel" {
@@ -175,23 +144,7 @@ func TestForwardedReadAheadStale(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
 	ca := a.dial()
-	cha := a.channel(ca)
-	if _, err := cha.QueueDeclare("ra.stale", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	hold := a.channel(ca)
-	if err := hold.Qos(1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	hd, err := hold.Consume("ra.stale", "hold", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if owner(t, rs, "ra.stale") != a {
-		t.Fatal("a should hold the queue")
-	}
-	publishN(t, a.channel(ca), "ra.stale", 0, 4)
-	mustRecv(t, hd, "hold")
+	holdOn(t, rs, a, ca, "ra.stale", 4)
 	chb := b.channel(b.dial())
 	if err := chb.Qos(1, 0, false); err != nil {
 		t.Fatal(err)

@@ -800,6 +800,52 @@ func TestForwardedStreadway(t *testing.T) {
 	}
 }
 
+// holdOn declares durable queue name through r, which then holds it
+// through a consumer with prefetch 1 on connection c; it publishes n
+// messages 0..n-1 there and returns message 0, which that consumer keeps
+// (the other n-1 wait in the queue), and the consumer's channel.
+func holdOn(t *testing.T, rs []*replica, r *replica, c *amqp.Connection, name string, n int) (*amqp.Delivery, *amqp.Channel) {
+	t.Helper()
+	if _, err := r.channel(c).QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitKnown(t, rs, name)
+	hold := r.channel(c)
+	if err := hold.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	hd, err := hold.Consume(name, "hold."+name, false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, name) != r {
+		t.Fatalf("%s should hold %s", r.id, name)
+	}
+	publishN(t, r.channel(c), name, 0, n)
+	d := mustRecv(t, hd, "hold")
+	if d.MessageId != "0" {
+		t.Fatalf("hold got %s", d.MessageId)
+	}
+	return &d, hold
+}
+
+// holderLink returns r's one link for queue name.
+func holderLink(t *testing.T, r *replica, name string) *peerLink {
+	t.Helper()
+	r.srv.mu.Lock()
+	var links []*peerLink
+	for l := range r.srv.links {
+		if l.q.name == name {
+			links = append(links, l)
+		}
+	}
+	r.srv.mu.Unlock()
+	if len(links) != 1 {
+		t.Fatalf("%s has %d links for %s, want 1", r.id, len(links), name)
+	}
+	return links[0]
+}
+
 // A forwarded consumer of a queue with messages waiting gets them as
 // first deliveries, over the link it opened: the holder answers Opened
 // before its dispatcher may send the consumer anything (otherwise the
@@ -811,28 +857,10 @@ func TestForwardedFirstDeliveries(t *testing.T) {
 	t.Cleanup(func() { linkRegistered = nil })
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
-	ca := a.dial()
-	hold := a.channel(ca)
-	if err := hold.Qos(1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	cb := b.dial()
+	ca, cb := a.dial(), b.dial()
 	for i := range 5 {
 		name := "first." + strconv.Itoa(i)
-		if _, err := a.channel(ca).QueueDeclare(name, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		waitKnown(t, rs, name)
-		// a holds the queue through a consumer that keeps message 0.
-		hd, err := hold.Consume(name, "hold"+strconv.Itoa(i), false, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if owner(t, rs, name) != a {
-			t.Fatal("a should hold the queue")
-		}
-		publishN(t, a.channel(ca), name, 0, 20)
-		mustRecv(t, hd, "hold")
+		holdOn(t, rs, a, ca, name, 20)
 		chb := b.channel(cb)
 		if err := chb.Qos(10, 0, false); err != nil {
 			t.Fatal(err)
@@ -858,27 +886,8 @@ func TestForwardedFirstDeliveries(t *testing.T) {
 func TestForwardedNoAckSettledOnSend(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
-	const name = "noack.fwd"
-	ca := a.dial()
-	if _, err := a.channel(ca).QueueDeclare(name, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	waitKnown(t, rs, name)
-	// a holds the queue through a consumer that keeps message 0.
-	hold := a.channel(ca)
-	if err := hold.Qos(1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	hd, err := hold.Consume(name, "hold", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if owner(t, rs, name) != a {
-		t.Fatal("a should hold the queue")
-	}
-	const n = 20
-	publishN(t, a.channel(ca), name, 0, n)
-	h0 := mustRecv(t, hd, "hold")
+	const name, n = "noack.fwd", 20
+	h0, _ := holdOn(t, rs, a, a.dial(), name, n)
 	chb := b.channel(b.dial())
 	db, err := chb.Consume(name, "fwd", true, false, false, false, nil)
 	if err != nil {
@@ -889,21 +898,11 @@ func TestForwardedNoAckSettledOnSend(t *testing.T) {
 			t.Fatalf("%s redelivered", d.MessageId)
 		}
 	}
-	a.srv.mu.Lock()
-	var links []*peerLink
-	for l := range a.srv.links {
-		if l.q.name == name {
-			links = append(links, l)
-		}
-	}
-	a.srv.mu.Unlock()
-	if len(links) != 1 {
-		t.Fatalf("holder has %d links, want 1", len(links))
-	}
-	if !links[0].noAck {
+	l := holderLink(t, a, name)
+	if !l.noAck {
 		t.Fatal("the holder does not know the link's consumer is no-ack")
 	}
-	if out := links[0].outstanding(); out != 0 {
+	if out := l.outstanding(); out != 0 {
 		t.Fatalf("holder keeps %d no-ack deliveries out", out)
 	}
 	if err := chb.Close(); err != nil {
@@ -912,6 +911,10 @@ func TestForwardedNoAckSettledOnSend(t *testing.T) {
 	if err := h0.Ack(false); err != nil {
 		t.Fatal(err)
 	}
-	nothingMore(t, 500*time.Millisecond, "after the no-ack consumer went", hd)
 	readyThrough(t, a, name, 0)
+	// Nothing the no-ack consumer was sent comes again.
+	c := a.channel(a.dial())
+	if _, ok, err := c.Get(name, true); ok || err != nil {
+		t.Fatalf("get after the no-ack consumer went: %v %v", ok, err)
+	}
 }

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
 	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 )
 
 func TestMain(m *testing.M) { proctest.Main(m) }
@@ -200,4 +202,30 @@ func (f *fleet) close() {
 			f.t.Logf("last lines of %s log (%s):%s", p.Name(), p.LogPath(), p.Tail(30))
 		}
 	}
+}
+
+// backendQueues describes what KubeMQ lists for the queues whose names contain part (a
+// diagnostic for a test that misses messages: are they waiting in KubeMQ, or gone?).
+func (f *fleet) backendQueues(part string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kc, err := kubemqclient.Dial(ctx, kubemqclient.Options{Address: f.kubemq})
+	if err != nil {
+		return "cannot reach KubeMQ: " + err.Error()
+	}
+	defer kc.Close()
+	info, err := kc.QueuesInfo(ctx)
+	if err != nil {
+		return "QueuesInfo: " + err.Error()
+	}
+	var b strings.Builder
+	for _, q := range info.Queues {
+		if strings.Contains(q.Name, part) {
+			fmt.Fprintf(&b, "%s: waiting %d, sent %d, delivered %d; ", q.Name, q.Waiting, q.Sent, q.Delivered)
+		}
+	}
+	if b.Len() == 0 {
+		return "no queue listed"
+	}
+	return b.String()
 }

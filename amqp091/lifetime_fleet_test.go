@@ -208,6 +208,55 @@ func TestFleetAutoDelete(t *testing.T) {
 	}
 }
 
+// A replica that stops (as on SIGTERM) takes its clients' consumers with
+// it: an auto-delete queue it holds goes when they were its last consumers
+// in the fleet, as a RabbitMQ queue does when its node's connections close,
+// and stays when another replica's consumer is left (it moves to the next
+// holder). The queues are declared on a replica that keeps running, so the
+// sweep of a stopped replica's non-durable queues plays no part.
+func TestFleetAutoDeleteHolderStops(t *testing.T) {
+	rs := newFleet(t, 3)
+	a, b, c := rs[0], rs[1], rs[2]
+	chc := c.channel(c.dial())
+	for _, q := range []string{"ads.own", "ads.shared"} {
+		if _, err := chc.QueueDeclare(q, true, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitKnown(t, rs, "ads.own")
+	waitKnown(t, rs, "ads.shared")
+	consume := func(r *replica, q string) (*amqp.Channel, <-chan amqp.Delivery) {
+		ch := r.channel(r.dial())
+		msgs, err := ch.Consume(q, "", false, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("consume %s on %s: %v", q, r.id, err)
+		}
+		return ch, msgs
+	}
+
+	// a holds ads.own and serves its only consumer.
+	consume(a, "ads.own")
+	if owner(t, rs, "ads.own") != a {
+		t.Fatal("a should hold ads.own")
+	}
+	// b holds ads.shared; c's consumer of it is forwarded to b.
+	consume(b, "ads.shared")
+	if owner(t, rs, "ads.shared") != b {
+		t.Fatal("b should hold ads.shared")
+	}
+	cc, mc := consume(c, "ads.shared")
+
+	a.stop()
+	waitGone(t, []*replica{b, c}, "ads.own", 15*time.Second, "the holder of its only consumer stopped")
+
+	b.stop()
+	stillThere(t, []*replica{c}, c, "ads.shared", mc, "ads.shared after its holder stopped, a consumer left on c")
+	if err := cc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, []*replica{c}, "ads.shared", 15*time.Second, "the last consumer, on the new holder, closed")
+}
+
 // A queue with x-expires, used only through the replica that does not
 // hold it, stays: a consumer there (forwarded to the holder), redeclares,
 // passive declares and gets there start the holder's timer again. Unused

@@ -358,8 +358,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
+	drops := s.autoDeletesOnStop()
 	for _, c := range conns {
 		c.shutdown(errShutdown())
+	}
+	for _, q := range drops {
+		s.dropQueue(q, "auto-delete queue lost its last consumer (its replica stopped)", s.log)
 	}
 	// Other replicas' consumers: nothing new goes out, settlements of what
 	// is out are still taken for a while (drainWait).
@@ -676,12 +680,43 @@ func (s *Server) dropQueue(q *queue, why string, log *zap.Logger) {
 // that holds q does, whoever declared it: every consumer of the fleet is
 // one of its consumers (other replicas forward theirs), and the others
 // tell it of their uses (redeclare, basic.get). A replica that stops no
-// longer judges: its consumers and links end because of the stop.
+// longer judges: its consumers and links end because of the stop (Shutdown
+// judges its auto-delete queues once as it begins, autoDeletesOnStop).
 func (s *Server) judges(q *queue) bool {
 	if s.peers == nil {
 		return !q.remote
 	}
 	return !s.stopping.Load() && s.deliveries.Lookup(q.channel) != nil
+}
+
+// autoDeletesOnStop returns, when this replica of a fleet begins to stop,
+// the auto-delete queues it holds whose consumers are all its own clients':
+// they all end with the stop, so the queue goes, as a RabbitMQ queue does
+// when its node's connections close. A queue that also serves other
+// replicas' consumers stays: they move to the next holder. (Once stopping,
+// the consumers' ends no longer judge the queue, judges.)
+func (s *Server) autoDeletesOnStop() []*queue {
+	if s.peers == nil {
+		return nil // judges still holds while stopping
+	}
+	var out []*queue
+	for _, v := range s.top.snapshot() {
+		v.mu.Lock()
+		for _, q := range v.queues {
+			if !q.autoDelete || !q.hadConsumer || q.deleted || len(q.consumers) == 0 || s.deliveries.Lookup(q.channel) == nil {
+				continue
+			}
+			own := true
+			for cs := range q.consumers {
+				own = own && cs.peer == nil
+			}
+			if own {
+				out = append(out, q)
+			}
+		}
+		v.mu.Unlock()
+	}
+	return out
 }
 
 // dropQueueAsync runs dropQueue on a tracked goroutine, for callers that

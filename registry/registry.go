@@ -86,6 +86,10 @@ type Options struct {
 	Logger       *zap.Logger
 	// ReplicaID names this writer; default random.
 	ReplicaID string
+	// FollowDelay holds back each event read from the log by this long:
+	// zero in production; tests stand for a replica that reads the log
+	// late with it.
+	FollowDelay time.Duration
 }
 
 // Registry is the in-memory view of the topology log.
@@ -116,9 +120,14 @@ type Registry struct {
 	pending map[uint64]chan bool
 
 	replayedCh chan struct{}
-	ctx        context.Context
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
+	// applied is the sequence of the last log event whose records were
+	// applied; appliedCh is closed (and replaced) at each step (CatchUp).
+	appliedMu sync.Mutex
+	applied   uint64
+	appliedCh chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // Open starts following the log. It returns at once; Replayed (and
@@ -151,6 +160,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		logView:    map[string]map[string]Base{},
 		pending:    map[uint64]chan bool{},
 		replayedCh: make(chan struct{}),
+		appliedCh:  make(chan struct{}),
 		syncNonce:  randomID(),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -433,9 +443,13 @@ func (r *Registry) followOnce() error {
 		}
 		r.lastSeq = ev.Sequence
 		r.mu.Unlock()
+		if r.opts.FollowDelay > 0 {
+			time.Sleep(r.opts.FollowDelay)
+		}
 		var body event
 		if err := json.Unmarshal(ev.Body, &body); err != nil {
 			r.log.Warn("registry: skipping undecodable event", zap.Uint64("sequence", ev.Sequence), zap.Error(err))
+			r.appliedUpTo(ev.Sequence)
 			continue
 		}
 		for _, rec := range body.Records {
@@ -454,6 +468,7 @@ func (r *Registry) followOnce() error {
 			r.lastSnap = ev.Timestamp
 			r.mu.Unlock()
 		}
+		r.appliedUpTo(ev.Sequence)
 		if body.Sync == r.syncNonce && !r.Replayed() {
 			r.mu.RLock()
 			n := 0
@@ -463,6 +478,47 @@ func (r *Registry) followOnce() error {
 			r.mu.RUnlock()
 			r.log.Info("registry replayed", zap.Uint64("sequence", ev.Sequence), zap.Int("records", n))
 			close(r.replayedCh)
+		}
+	}
+}
+
+// appliedUpTo records that the log's events up to seq have been applied.
+func (r *Registry) appliedUpTo(seq uint64) {
+	r.appliedMu.Lock()
+	r.applied = seq
+	close(r.appliedCh)
+	r.appliedCh = make(chan struct{})
+	r.appliedMu.Unlock()
+}
+
+// CatchUp waits until this replica has applied every write the log held
+// when CatchUp was called, whoever made it: it reads the sequence of the
+// log's last event (a subscription from the last event, closed at once)
+// and waits for the follow stream to apply up to it. It writes nothing.
+// A caller that did not find a record another replica may have just
+// written looks again after it.
+func (r *Registry) CatchUp(ctx context.Context) error {
+	sub, err := r.opts.Client.SubscribeEventsStore(ctx, kubemqclient.SubscribeOptions{
+		Channel: r.opts.Channel, Start: kubemqclient.StartPosition{Mode: kubemqclient.StartFromLast}, Buffer: 1})
+	if err != nil {
+		return err
+	}
+	ev, err := sub.Recv(ctx)
+	sub.Close()
+	if err != nil {
+		return err
+	}
+	for {
+		r.appliedMu.Lock()
+		done, ch := r.applied >= ev.Sequence, r.appliedCh
+		r.appliedMu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }

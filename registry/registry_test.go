@@ -351,3 +351,44 @@ func TestPutIfOneWinner(t *testing.T) {
 	}
 	waitFor(t, "a to see c's write", func() bool { v, _ := value(t, a, "iam", "k"); return v == "from-c" })
 }
+
+// CatchUp makes a write of another replica visible, however late this
+// replica reads the log.
+func TestCatchUp(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	a := open(t, dial(t, addr), ch)
+	defer a.Close()
+	b, err := registry.Open(context.Background(), registry.Options{Client: dial(t, addr), Channel: ch,
+		Logger: zaptest.NewLogger(t), FollowDelay: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		key := fmt.Sprintf("q%d", i)
+		if err := a.Put(ctx, "queue", key, key); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := value(t, b, "queue", key); ok {
+			t.Fatalf("%s: b saw the write before reading the log (the delay did not hold it back)", key)
+		}
+		if err := b.CatchUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := value(t, b, "queue", key); !ok || v != key {
+			t.Fatalf("%s: after CatchUp b has %q, %v", key, v, ok)
+		}
+	}
+	// Nothing new: it returns once the last event is applied, which it is.
+	quick, cancel2 := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel2()
+	if err := b.CatchUp(quick); err != nil {
+		t.Fatal(err)
+	}
+}

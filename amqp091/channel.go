@@ -372,6 +372,9 @@ func (ch *channel) queueFor(name string) (*queue, error) {
 		name = ch.lastQueue
 	}
 	q := ch.c.vh.lookupQueue(name)
+	if q == nil && ch.c.srv.catchUp(ch.c.ctx) {
+		q = ch.c.vh.lookupQueue(name)
+	}
 	if q == nil {
 		return nil, errNoQueue(name, ch.c.vhostName)
 	}

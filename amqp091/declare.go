@@ -36,7 +36,7 @@ func (ch *channel) exchangeDeclare(m *wire.ExchangeDeclare) error {
 		if m.Exchange == "" {
 			return errDefaultExchange()
 		}
-		if _, ok := vh.routes.Exchange(m.Exchange); !ok {
+		if _, ok := vh.routes.Exchange(m.Exchange); !ok && !(ch.c.srv.catchUp(ch.c.ctx) && vh.hasExchange(m.Exchange)) {
 			return errNoExchange(m.Exchange, vn)
 		}
 		if !m.NoWait {
@@ -215,6 +215,9 @@ func (ch *channel) bind(b routing.Binding, add bool) error {
 	if b.Source == "" || (b.Dest.Exchange && b.Dest.Name == "") {
 		return errDefaultExchange()
 	}
+	if add && !vh.hasEnds(b) {
+		ch.c.srv.catchUp(ch.c.ctx) // before declMu
+	}
 	vh.declMu.Lock()
 	defer vh.declMu.Unlock()
 	// Unbinding is idempotent: RabbitMQ 3.10 answers unbind-ok even when an
@@ -292,6 +295,9 @@ func (ch *channel) queueDeclare(m *wire.QueueDeclare) error {
 			name = ch.lastQueue
 		}
 		q := vh.lookupQueue(name)
+		if q == nil && ch.c.srv.catchUp(ch.c.ctx) {
+			q = vh.lookupQueue(name)
+		}
 		if q == nil {
 			return errNoQueue(name, vn)
 		}
@@ -426,6 +432,9 @@ func (ch *channel) queueDelete(m *wire.QueueDelete) error {
 		name = ch.lastQueue
 	}
 	q := vh.lookupQueue(name)
+	if q == nil && ch.c.srv.catchUp(ch.c.ctx) {
+		q = vh.lookupQueue(name)
+	}
 	if q == nil {
 		// Deleting a missing queue is fine in RabbitMQ.
 		if !m.NoWait {

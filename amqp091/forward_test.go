@@ -128,7 +128,8 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id)}
+	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id),
+		followDelay: base.followDelay}
 	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
 	e.start(append([]func(*Options){func(o *Options) {
 		o.Deliveries = m

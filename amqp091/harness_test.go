@@ -38,9 +38,11 @@ type env struct {
 	kc      *kubemqclient.Client
 	reg     *registry.Registry
 	regChan string
-	ready   atomic.Pointer[error]
-	log     *zap.Logger
-	stopFn  func()
+	// followDelay: the registry reads the log this late (registry.Options.FollowDelay).
+	followDelay time.Duration
+	ready       atomic.Pointer[error]
+	log         *zap.Logger
+	stopFn      func()
 }
 
 func randHex(n int) string {
@@ -79,7 +81,8 @@ func (e *env) start(opts ...func(*Options)) {
 	if err := kc.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := registry.Open(ctx, registry.Options{Client: kc, Channel: e.regChan, Logger: e.log.Named("registry")})
+	reg, err := registry.Open(ctx, registry.Options{Client: kc, Channel: e.regChan, Logger: e.log.Named("registry"),
+		FollowDelay: e.followDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,12 +38,22 @@ func (f testFleet) Lease() time.Duration { return f.c.Lease() }
 // newFleet starts n replicas that share non-durable topology too (Options.Fleet).
 func newFleet(t *testing.T, n int) []*replica {
 	t.Helper()
+	return newFleetLagging(t, n, 0)
+}
+
+// newFleetLagging is newFleet whose replicas after the first read the
+// registry log lag late.
+func newFleetLagging(t *testing.T, n int, lag time.Duration) []*replica {
+	t.Helper()
 	first := newEnv(t)
 	first.stopFn()
 	clusterChan := "amqptest.cluster." + randHex(4)
 	secret := "s-" + randHex(8)
 	rs := make([]*replica, n)
 	for i := range rs {
+		if i == 1 {
+			first.followDelay = lag
+		}
 		rs[i] = startReplica(t, first, fmt.Sprintf("r%d", i), clusterChan, secret, func(o *Options) {
 			o.Fleet = testFleet{o.Peers.(testPeers).c} // startReplica set Peers first
 		})
@@ -332,4 +342,70 @@ func TestFleetExpiresHolderChange(t *testing.T) {
 		t.Fatalf("the queue went within %v of the takeover (x-expires %v)", expires/2, expires)
 	}
 	waitGone(t, []*replica{o}, "exp.move", expires+10*time.Second, "after the holder changed")
+}
+
+// What a declare through one replica made is there at once through
+// another, however late that replica reads the registry log (here 300 ms):
+// a lookup that finds nothing catches up with the log before it answers
+// 404 or deletes nothing.
+func TestFleetDeclareVisibleAtOnce(t *testing.T) {
+	rs := newFleetLagging(t, 2, 300*time.Millisecond)
+	a, b := rs[0], rs[1]
+	cha := a.channel(a.dial())
+	bc := b.dial()
+	onB := func() *amqp.Channel { return b.channel(bc) }
+	declareQ := func(q string) {
+		if _, err := cha.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	declareX := func(x string) {
+		if err := cha.ExchangeDeclare(x, "fanout", true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	declareQ("vis.passive")
+	if _, err := onB().QueueDeclarePassive("vis.passive", true, false, false, false, nil); err != nil {
+		t.Fatalf("passive queue declare: %v", err)
+	}
+	declareX("vis.xpassive")
+	if err := onB().ExchangeDeclarePassive("vis.xpassive", "fanout", true, false, false, false, nil); err != nil {
+		t.Fatalf("passive exchange declare: %v", err)
+	}
+	declareQ("vis.bound")
+	declareX("vis.xbind")
+	if err := onB().QueueBind("vis.bound", "", "vis.xbind", false, nil); err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	declareX("vis.xpub")
+	pub := onB()
+	if err := pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, pub, "vis.xpub", "", "publish to a new exchange")
+	declareQ("vis.consumed")
+	msgs, err := onB().Consume("vis.consumed", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume: %v", err)
+	}
+	if err := cha.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, cha, "", "vis.consumed", "hello")
+	select {
+	case d := <-msgs:
+		d.Ack(false)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the consumer on b got nothing")
+	}
+	declareQ("vis.deleted")
+	if _, err := onB().QueueDelete("vis.deleted", false, false, false); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	waitGone(t, rs, "vis.deleted", 15*time.Second, "deleted through b at once")
+
+	if _, err := onB().QueueDeclarePassive("vis.none", true, false, false, false, nil); amqpCode(err) != amqp.NotFound {
+		t.Fatalf("passive declare of a queue nobody declared: %v", err)
+	}
 }

@@ -55,6 +55,9 @@ func (ch *channel) publish(m *wire.BasicPublish, cmd command) error {
 		}
 	}
 	routes, err := c.vh.routes.Route(m.Exchange, m.RoutingKey, props.Headers, ch.scratch[:0])
+	if errors.Is(err, routing.ErrNoExchange) && c.srv.catchUp(c.ctx) {
+		routes, err = c.vh.routes.Route(m.Exchange, m.RoutingKey, props.Headers, ch.scratch[:0])
+	}
 	ch.scratch = routes[:0]
 	switch {
 	case errors.Is(err, routing.ErrNoExchange):

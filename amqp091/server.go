@@ -674,6 +674,28 @@ func (s *Server) dropQueue(q *queue, why string, log *zap.Logger) {
 	}()
 }
 
+// catchUpWait bounds a wait for the registry log (catchUp).
+const catchUpWait = 5 * time.Second
+
+// catchUp reports, after a lookup found no queue or exchange, whether
+// looking again may find one: in a fleet, a declare through another
+// replica a moment ago reaches this one through the registry log, so this
+// replica first applies every write the log holds now (registry.CatchUp;
+// it costs one KubeMQ subscription round trip, and only a miss pays it).
+// Not while holding a vhost's declMu: the log's changes take it.
+func (s *Server) catchUp(ctx context.Context) bool {
+	if s.peers == nil || s.top.reg == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	if err := s.top.reg.CatchUp(ctx); err != nil {
+		s.log.Debug("catching up with the registry failed", zap.Error(err))
+		return false
+	}
+	return true
+}
+
 // judges reports whether this replica decides q's lifetime now (auto-delete,
 // x-expires). Without replicas, it judges the queues it declared (not
 // another replica's non-durable ones, remote). With replicas, the replica

@@ -437,6 +437,23 @@ func (v *vhost) lookupQueue(name string) *queue {
 	return v.queues[name]
 }
 
+// hasExchange reports whether v knows exchange name.
+func (v *vhost) hasExchange(name string) bool {
+	_, ok := v.routes.Exchange(name)
+	return ok
+}
+
+// hasEnds reports whether v knows both ends of b.
+func (v *vhost) hasEnds(b routing.Binding) bool {
+	if !v.hasExchange(b.Source) {
+		return false
+	}
+	if b.Dest.Exchange {
+		return v.hasExchange(b.Dest.Name)
+	}
+	return v.lookupQueue(b.Dest.Name) != nil
+}
+
 // markUsed notes that q's KubeMQ queue may hold something of it now.
 func (q *queue) markUsed() {
 	if !q.used.Load() {

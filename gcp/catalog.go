@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -61,6 +62,9 @@ type topology interface {
 	list(kind string) []record
 	// watch calls fn for every applied change; fn must not block.
 	watch(fn func(kind string, r record)) (cancel func())
+	// catchUp returns once every write the topology held when it was
+	// called (any replica's) has been applied here (registry.CatchUp).
+	catchUp(ctx context.Context) error
 }
 
 // topicRecord is the stored form of a topic. UID names this incarnation:
@@ -264,6 +268,55 @@ func encodeTopic(uid string, t *pubsubpb.Topic, schemaUID string) (topicRecord, 
 func encodeSub(e *subEntry) (subRecord, error) {
 	raw, err := protojson.Marshal(e.proto)
 	return subRecord{UID: e.uid, TopicID: e.topicID, TopicUID: e.topicUID, Sub: raw, Queue: e.queue}, err
+}
+
+// catchUpWait bounds a wait for the registry log (caughtUp).
+const catchUpWait = 5 * time.Second
+
+// caughtUp reports, after a lookup of a topic, subscription or snapshot
+// an RPC names found nothing, whether looking again may find it: with
+// replicas, a create through another replica a moment ago reaches this
+// one through the registry log, so this replica first applies every write
+// the log holds now (one KubeMQ subscription round trip, paid by misses
+// only). One replica sees its own writes at once: false.
+func (s *Server) caughtUp(ctx context.Context) bool {
+	if s.peers == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
+	defer cancel()
+	if err := s.topo.catchUp(ctx); err != nil {
+		s.log.Debug("catching up with the registry failed", zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// findTopic is cat.topic for an RPC that names topic id (caughtUp).
+func (s *Server) findTopic(ctx context.Context, id string) (*topicEntry, bool) {
+	e, ok := s.cat.topic(id)
+	if !ok && s.caughtUp(ctx) {
+		e, ok = s.cat.topic(id)
+	}
+	return e, ok
+}
+
+// findSub is cat.sub for an RPC that names subscription id (caughtUp).
+func (s *Server) findSub(ctx context.Context, id string) (*subEntry, bool) {
+	e, ok := s.cat.sub(id)
+	if !ok && s.caughtUp(ctx) {
+		e, ok = s.cat.sub(id)
+	}
+	return e, ok
+}
+
+// findSnapshot is cat.snapshot for an RPC that names snapshot id (caughtUp).
+func (s *Server) findSnapshot(ctx context.Context, id string) (*snapEntry, bool) {
+	e, ok := s.cat.snapshot(id, time.Now())
+	if !ok && s.caughtUp(ctx) {
+		e, ok = s.cat.snapshot(id, time.Now())
+	}
+	return e, ok
 }
 
 func (c *catalog) topic(id string) (*topicEntry, bool) {

@@ -50,6 +50,9 @@ type env struct {
 	// its own); closed at cleanup.
 	dialKubeMQ func() *kubemqclient.Client
 	stop       func() // stops the current replica
+	// followDelay: replicas started from now on read the registry log this
+	// late (registry.Options.FollowDelay).
+	followDelay time.Duration
 }
 
 // envConfig is what envOptions adjust.
@@ -192,9 +195,10 @@ func (e *env) startReplica() (addr string, srv *gcp.Server, stop func()) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	reg, err := registry.Open(ctx, registry.Options{
-		Client:  e.kc,
-		Channel: kubemqclient.Channel("kubemq-proxy-test.gcp", e.suffix),
-		Logger:  e.log.Named("registry"),
+		Client:      e.kc,
+		Channel:     kubemqclient.Channel("kubemq-proxy-test.gcp", e.suffix),
+		Logger:      e.log.Named("registry"),
+		FollowDelay: e.followDelay,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -33,7 +33,7 @@ func (p *publisher) Publish(ctx context.Context, req *pubsubpb.PublishRequest) (
 	if err := checkReservedAttributes(req.GetMessages()); err != nil {
 		return nil, err
 	}
-	t, ok := s.cat.topic(tn.ID)
+	t, ok := s.findTopic(ctx, tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}

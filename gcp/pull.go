@@ -190,12 +190,12 @@ func (s *Server) closeRuntimes() {
 
 // pullable looks a subscription up for a pull: NOT_FOUND, or
 // FAILED_PRECONDITION once detached.
-func (s *Server) pullable(name string) (*subEntry, names.SubscriptionName, error) {
+func (s *Server) pullable(ctx context.Context, name string) (*subEntry, names.SubscriptionName, error) {
 	sn, err := names.ParseSubscription(name)
 	if err != nil {
 		return nil, sn, err
 	}
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		return nil, sn, notFound(sn.ID)
 	}
@@ -223,7 +223,7 @@ func (s *Server) deliveryStatus(sn names.SubscriptionName, err error) error {
 
 func (p *subscriber) Pull(ctx context.Context, req *pubsubpb.PullRequest) (*pubsubpb.PullResponse, error) {
 	s := p.s
-	e, sn, err := s.pullable(req.GetSubscription())
+	e, sn, err := s.pullable(ctx, req.GetSubscription())
 	if err != nil {
 		return nil, err
 	}

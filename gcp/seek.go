@@ -45,7 +45,7 @@ func (p *subscriber) Seek(ctx context.Context, req *pubsubpb.SeekRequest) (*pubs
 		}
 	}
 	s := p.s
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}

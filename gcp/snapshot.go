@@ -178,7 +178,7 @@ func (p *subscriber) CreateSnapshot(ctx context.Context, req *pubsubpb.CreateSna
 	if _, ok := s.cat.snapshot(sn.ID, time.Now()); ok {
 		return nil, alreadyExists(sn.ID)
 	}
-	e, ok := s.cat.sub(subn.ID)
+	e, ok := s.findSub(ctx, subn.ID)
 	if !ok {
 		return nil, notFound(subn.ID)
 	}
@@ -343,7 +343,7 @@ func (p *subscriber) GetSnapshot(ctx context.Context, req *pubsubpb.GetSnapshotR
 	if err != nil {
 		return nil, err
 	}
-	e, ok := p.s.cat.snapshot(sn.ID, time.Now())
+	e, ok := p.s.findSnapshot(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}
@@ -375,7 +375,7 @@ func (p *publisher) ListTopicSnapshots(ctx context.Context, req *pubsubpb.ListTo
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := p.s.cat.topic(tn.ID); !ok {
+	if _, ok := p.s.findTopic(ctx, tn.ID); !ok {
 		return nil, notFound(tn.ID)
 	}
 	ids, next, err := page(p.s.cat.snapshotIDs(time.Now(), tn.ID), req.GetPageSize(), req.GetPageToken())
@@ -420,7 +420,7 @@ func (p *subscriber) UpdateSnapshot(ctx context.Context, req *pubsubpb.UpdateSna
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
 	now := time.Now()
-	e, ok := s.cat.snapshot(sn.ID, now)
+	e, ok := s.findSnapshot(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}
@@ -458,7 +458,7 @@ func (p *subscriber) DeleteSnapshot(ctx context.Context, req *pubsubpb.DeleteSna
 	s := p.s
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	if _, ok := s.cat.snapshot(sn.ID, time.Now()); !ok {
+	if _, ok := s.findSnapshot(ctx, sn.ID); !ok {
 		return nil, notFound(sn.ID)
 	}
 	if err := s.topo.Delete(ctx, kindSnapshot, sn.ID); err != nil {

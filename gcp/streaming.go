@@ -35,7 +35,7 @@ func (p *subscriber) StreamingPull(stream pubsubpb.Subscriber_StreamingPullServe
 	if first.GetSubscription() == "" {
 		return status.Error(codes.InvalidArgument, "The first StreamingPullRequest must name a subscription.")
 	}
-	e, sn, err := s.pullable(first.GetSubscription())
+	e, sn, err := s.pullable(stream.Context(), first.GetSubscription())
 	if err != nil {
 		return err
 	}

@@ -166,7 +166,7 @@ func (p *subscriber) CreateSubscription(ctx context.Context, req *pubsubpb.Subsc
 	if _, ok := s.cat.sub(sn.ID); ok {
 		return nil, alreadyExists(sn.ID)
 	}
-	t, ok := s.cat.topic(tn.ID)
+	t, ok := s.findTopic(ctx, tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}
@@ -184,7 +184,7 @@ func (p *subscriber) GetSubscription(ctx context.Context, req *pubsubpb.GetSubsc
 	if err != nil {
 		return nil, err
 	}
-	e, ok := p.s.cat.sub(sn.ID)
+	e, ok := p.s.findSub(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}
@@ -225,7 +225,7 @@ func (p *subscriber) UpdateSubscription(ctx context.Context, req *pubsubpb.Updat
 	s := p.s
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}
@@ -288,7 +288,7 @@ func (p *subscriber) DeleteSubscription(ctx context.Context, req *pubsubpb.Delet
 	}
 	s := p.s
 	s.adminMu.Lock()
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		s.adminMu.Unlock()
 		return nil, notFound(sn.ID)
@@ -330,7 +330,7 @@ func (p *subscriber) ModifyPushConfig(ctx context.Context, req *pubsubpb.ModifyP
 	}
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		return nil, notFound(sn.ID)
 	}

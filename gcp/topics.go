@@ -74,7 +74,7 @@ func (p *publisher) GetTopic(ctx context.Context, req *pubsubpb.GetTopicRequest)
 	if err != nil {
 		return nil, err
 	}
-	e, ok := p.s.cat.topic(tn.ID)
+	e, ok := p.s.findTopic(ctx, tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}
@@ -110,7 +110,7 @@ func (p *publisher) UpdateTopic(ctx context.Context, req *pubsubpb.UpdateTopicRe
 	s := p.s
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	e, ok := s.cat.topic(tn.ID)
+	e, ok := s.findTopic(ctx, tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}
@@ -178,7 +178,7 @@ func (p *publisher) ListTopicSubscriptions(ctx context.Context, req *pubsubpb.Li
 	if err != nil {
 		return nil, err
 	}
-	e, ok := p.s.cat.topic(tn.ID)
+	e, ok := p.s.findTopic(ctx, tn.ID)
 	if !ok {
 		return nil, notFound(tn.ID)
 	}
@@ -205,7 +205,7 @@ func (p *publisher) DeleteTopic(ctx context.Context, req *pubsubpb.DeleteTopicRe
 	s := p.s
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	if _, ok := s.cat.topic(tn.ID); !ok {
+	if _, ok := s.findTopic(ctx, tn.ID); !ok {
 		return nil, notFound(tn.ID)
 	}
 	if err := s.topo.Delete(ctx, kindTopic, tn.ID); err != nil {
@@ -224,7 +224,7 @@ func (p *publisher) DetachSubscription(ctx context.Context, req *pubsubpb.Detach
 	}
 	s := p.s
 	s.adminMu.Lock()
-	e, ok := s.cat.sub(sn.ID)
+	e, ok := s.findSub(ctx, sn.ID)
 	if !ok {
 		s.adminMu.Unlock()
 		return nil, notFound(sn.ID)

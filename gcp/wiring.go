@@ -93,6 +93,8 @@ func (t registryTopology) putIf(ctx context.Context, kind, key string, value any
 
 func (t registryTopology) baseOf(kind, key string) registry.Base { return t.r.BaseOf(kind, key) }
 
+func (t registryTopology) catchUp(ctx context.Context) error { return t.r.CatchUp(ctx) }
+
 func (t registryTopology) list(kind string) []record {
 	recs := t.r.List(kind)
 	out := make([]record, len(recs))

@@ -19,7 +19,7 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
-func dial(t *testing.T, addr string) *kubemqclient.Client {
+func dial(t testing.TB, addr string) *kubemqclient.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -390,5 +390,27 @@ func TestCatchUp(t *testing.T) {
 	defer cancel2()
 	if err := b.CatchUp(quick); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkCatchUp is what a lookup that finds nothing pays with replicas.
+func BenchmarkCatchUp(b *testing.B) {
+	addr := kubemqtest.Address(b)
+	c := dial(b, addr)
+	r, err := registry.Open(context.Background(), registry.Options{Client: c, Channel: kubemqclient.Channel("kubemq-proxy-test.registry", "bench", time.Now().Format("150405.000000000"))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.WaitReplayed(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if err := r.CatchUp(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -71,6 +71,11 @@ func (q *queue) ref() *peerpb.QueueRef {
 // does, or the holder could not be asked). use: the count is for a
 // queue.declare, a use of q the holder's x-expires timer counts.
 func (s *Server) queueRemote(ctx context.Context, q *queue, op peerpb.QueueRequest_Op, use bool) (*peerpb.QueueResponse, bool) {
+	return s.queueAsk(ctx, q, &peerpb.QueueRequest{Op: op, Use: use})
+}
+
+// queueAsk is queueRemote with the request req (its queue is set here).
+func (s *Server) queueAsk(ctx context.Context, q *queue, req *peerpb.QueueRequest) (*peerpb.QueueResponse, bool) {
 	if s.peers == nil || s.deliveries.Lookup(q.channel) != nil {
 		return nil, false
 	}
@@ -80,7 +85,8 @@ func (s *Server) queueRemote(ctx context.Context, q *queue, op peerpb.QueueReque
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	r, err := pc.Queue(ctx, &peerpb.QueueRequest{Queue: q.ref(), Op: op, Use: use})
+	req.Queue = q.ref()
+	r, err := pc.Queue(ctx, req)
 	if err != nil {
 		s.log.Debug("asking the queue's holder failed; answering here", zap.String("queue", q.name), zap.Error(err))
 		return nil, false

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
 	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 )
@@ -42,9 +43,10 @@ import (
 // place sits at the head, not among the newest), and always for a
 // priority queue (its ready messages are not the newest). So one
 // publishing channel is counted exactly on the replica that holds the
-// queue. Approximate: a replica that does not hold the queue has no scan
-// and counts the entries it lacks at its ledger's average size; a queue
-// longer than exactTrimMax is not scanned (drop-head drops from the head
+// queue. A replica that does not hold the queue asks the holder for the
+// ready bytes (QueueRequest BYTES: the holder's ledger or scan); only when
+// the holder cannot be asked does it count the entries it lacks at its
+// ledger's average size. Approximate: a queue longer than exactTrimMax is not scanned (drop-head drops from the head
 // by the ledger's count of bytes, then by the sizes it meets).
 
 // limitsLength reports whether q has a length or byte limit the proxy
@@ -100,10 +102,24 @@ func (s *Server) overflows(ctx context.Context, q *queue, n int64, size int) (bo
 }
 
 // readyBytes returns the body bytes of q's n ready messages for a
-// reject-publish check of a message of size bytes: the ledger's figure
-// when it is exact and accepts the message, otherwise a scan's by q's
-// reaper (when this replica holds q and q is short enough).
+// reject-publish check of a message of size bytes. When another replica
+// holds q, it is asked (QueueRequest BYTES: its ledger or its scan,
+// localReadyBytes); otherwise, or when it cannot answer, this replica's
+// own figure.
 func (s *Server) readyBytes(ctx context.Context, q *queue, n, size int64) (int64, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	if r, ok := s.queueAsk(ctx, q, &peerpb.QueueRequest{Op: peerpb.QueueRequest_BYTES, Size: uint64(max(size, 0))}); ok && r.Known {
+		return int64(min(r.Bytes, 1<<63-1)), nil
+	}
+	return s.localReadyBytes(ctx, q, n, size)
+}
+
+// localReadyBytes is readyBytes by this replica: the ledger's figure when
+// it is exact and accepts the message, otherwise a scan's by q's reaper
+// (when this replica holds q and q is short enough).
+func (s *Server) localReadyBytes(ctx context.Context, q *queue, n, size int64) (int64, error) {
 	b, covered := q.bytes.ready(n)
 	if n == 0 || (covered && !q.isPriority() && q.bytes.fresh() && b+size <= q.maxBytes) {
 		return b, nil

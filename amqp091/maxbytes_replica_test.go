@@ -83,3 +83,44 @@ func TestMaxLengthDropHeadThroughReplica(t *testing.T) {
 		t.Fatalf("got %v through the other replica, want %v", got, want)
 	}
 }
+
+// The same when the publishing replica does not know the sizes of the
+// ready messages (another replica stored them): it asks the holder for
+// their bytes (QueueRequest BYTES), which scans them, and does not guess
+// them from the sizes it knows.
+func TestMaxLengthBytesThroughReplicaUnknownSizes(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	cha := confirmChannel(t, a.env, a.dial())
+	if _, err := cha.QueueDeclare("rbu", true, false, false, false, amqp.Table{"x-max-length-bytes": int32(10), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cha.QueueDelete("rbu", false, false, false) })
+	hold := a.channel(a.dial())
+	if err := hold.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	held, err := hold.Consume("rbu", "hold", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := owner(t, rs, "rbu"); o != a {
+		t.Fatalf("queue held by %s, want %s", o.id, a.id)
+	}
+	if !publishWith(t, cha, "rbu", amqp.Publishing{Body: []byte("h")}) {
+		t.Fatal("nack into the empty queue")
+	}
+	mustRecv(t, held, "held") // out to the consumer: not counted
+	if !publishWith(t, cha, "rbu", amqp.Publishing{Body: []byte("aaaaaaa")}) {
+		t.Fatal("7 bytes into the empty queue nacked")
+	}
+	chb := confirmChannel(t, b.env, b.dial())
+	var acks []bool
+	for _, body := range []string{"bb", "cc", "d"} {
+		acks = append(acks, publishWith(t, chb, "rbu", amqp.Publishing{Body: []byte(body)}))
+	}
+	// 7+2 = 9; 9+2 > 10; 9+1 = 10.
+	if want := []bool{true, false, true}; !slices.Equal(acks, want) {
+		t.Fatalf("confirms through b %v, want %v", acks, want)
+	}
+}

@@ -679,6 +679,22 @@ func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*pee
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
+	case peerpb.QueueRequest_BYTES:
+		if !q.limitsBytes() {
+			return &peerpb.QueueResponse{}, nil // a queue this replica does not know (yet): known false
+		}
+		n, known, err := s.readyWithLinks(ctx, q)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "kubemq-proxy: count: %v", err)
+		}
+		if !known {
+			return &peerpb.QueueResponse{}, nil
+		}
+		b, err := s.localReadyBytes(ctx, q, int64(n), int64(min(req.Size, 1<<62)))
+		if err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return &peerpb.QueueResponse{Count: n, Known: true, Bytes: uint64(max(b, 0))}, nil
 	case peerpb.QueueRequest_PURGE:
 		n, err := s.queuePurge(ctx, q)
 		if err != nil {

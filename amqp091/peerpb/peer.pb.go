@@ -86,6 +86,12 @@ const (
 	// drop-head queue with length limits: the holder trims it (its reaper
 	// alone can take the head) and answers once it has.
 	QueueRequest_TRIM QueueRequest_Op = 2
+	// BYTES: a reject-publish check through the other replica of a queue
+	// with x-max-length-bytes: the holder answers its ready count and the
+	// body bytes of those ready messages, from a scan when its byte ledger
+	// cannot tell them exactly (known false: it does not know the queue's
+	// limit).
+	QueueRequest_BYTES QueueRequest_Op = 3
 )
 
 // Enum value maps for QueueRequest_Op.
@@ -94,11 +100,13 @@ var (
 		0: "COUNT",
 		1: "PURGE",
 		2: "TRIM",
+		3: "BYTES",
 	}
 	QueueRequest_Op_value = map[string]int32{
 		"COUNT": 0,
 		"PURGE": 1,
 		"TRIM":  2,
+		"BYTES": 3,
 	}
 )
 
@@ -1038,7 +1046,9 @@ type QueueRequest struct {
 	// use: the count answers a queue.declare (or a passive one) through the
 	// other replica, a use of the queue: the holder restarts its x-expires
 	// timer (COUNT).
-	Use           bool `protobuf:"varint,3,opt,name=use,proto3" json:"use,omitempty"`
+	Use bool `protobuf:"varint,3,opt,name=use,proto3" json:"use,omitempty"`
+	// size: the body size of the message being checked (BYTES).
+	Size          uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1094,6 +1104,13 @@ func (x *QueueRequest) GetUse() bool {
 	return false
 }
 
+func (x *QueueRequest) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 type QueueResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Count uint32                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
@@ -1101,6 +1118,7 @@ type QueueResponse struct {
 	// consumers: the queue's consumers on the holder, those forwarded to it
 	// included (COUNT).
 	Consumers     uint32 `protobuf:"varint,3,opt,name=consumers,proto3" json:"consumers,omitempty"`
+	Bytes         uint64 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"` // BYTES: the ready messages' body bytes
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1152,6 +1170,13 @@ func (x *QueueResponse) GetKnown() bool {
 func (x *QueueResponse) GetConsumers() uint32 {
 	if x != nil {
 		return x.Consumers
+	}
+	return 0
+}
+
+func (x *QueueResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
 	}
 	return 0
 }
@@ -1356,19 +1381,22 @@ const file_peer_proto_rawDesc = "" +
 	"\tstored_at\x18\a \x01(\x03R\bstoredAt\x1a7\n" +
 	"\tTagsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x01\n" +
 	"\fQueueRequest\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x129\n" +
 	"\x02op\x18\x02 \x01(\x0e2).kubemqproxy.amqp.peer.v1.QueueRequest.OpR\x02op\x12\x10\n" +
-	"\x03use\x18\x03 \x01(\bR\x03use\"$\n" +
+	"\x03use\x18\x03 \x01(\bR\x03use\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\"/\n" +
 	"\x02Op\x12\t\n" +
 	"\x05COUNT\x10\x00\x12\t\n" +
 	"\x05PURGE\x10\x01\x12\b\n" +
-	"\x04TRIM\x10\x02\"Y\n" +
+	"\x04TRIM\x10\x02\x12\t\n" +
+	"\x05BYTES\x10\x03\"o\n" +
 	"\rQueueResponse\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12\x14\n" +
 	"\x05known\x18\x02 \x01(\bR\x05known\x12\x1c\n" +
-	"\tconsumers\x18\x03 \x01(\rR\tconsumers\"\x86\x02\n" +
+	"\tconsumers\x18\x03 \x01(\rR\tconsumers\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\"\x86\x02\n" +
 	"\fReplyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +

@@ -134,6 +134,7 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 	now := time.Now()
 	var copies []pubCopy
 	var limited []*queue // drop-head targets: trimmed once the copies are stored
+	var reap []*queue    // TTL targets: their reapers look at the head once the copies are stored
 	for _, name := range targets {
 		if reason != reasonRejected && deathCycle(name, deaths) {
 			s.log.Warn("dead-letter cycle: message dropped", zap.String("queue", q.name), zap.String("target", name))
@@ -144,11 +145,14 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 			continue
 		}
 		t.markUsed()
+		if t.limitsLength() && t.overflow != "drop-head" && s.refuseRouted(t, q.dlx, keys[0], &props, body) {
+			continue
+		}
 		if t.dropsHead() {
 			limited = append(limited, t)
 		}
-		if t.limitsLength() && t.overflow != "drop-head" && s.refuseRouted(t, q.dlx, keys[0], &props, body) {
-			continue
+		if t.hasTTL {
+			reap = append(reap, t)
 		}
 		copies = append(copies, pubCopy{msg: t.storedCopy(meta, tags, body, 0, false, now), stats: t.counters(), q: t, ledger: t.ledger(), log: s.log})
 	}
@@ -157,6 +161,9 @@ func (s *Server) deadLetterMessage(q *queue, exchange, key string, props wire.Pr
 		return
 	}
 	pd := newPubDone(len(copies), func(ok bool) {
+		for _, t := range reap {
+			s.startReaper(t) // or wakes it: the head may be new
+		}
 		for _, t := range limited {
 			s.requestTrim(t, func() {})
 		}

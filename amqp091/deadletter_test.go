@@ -203,6 +203,35 @@ func TestDeadLetterRetryLoop(t *testing.T) {
 	})
 }
 
+// A message dead-lettered into a queue with a TTL expires at that TTL,
+// also when the queue was empty and its reaper idle: the dead-lettered
+// copy wakes it, as a publish does (it used to wait for the reaper's next
+// idle look, up to a second).
+func TestDeadLetterIntoTTLQueueOnTime(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		c := e.dial()
+		ch := confirmChannel(t, e, c)
+		declareArgs(t, ch, "work", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "wait"})
+		declareArgs(t, ch, "wait", amqp.Table{"x-message-ttl": int32(100), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+		time.Sleep(150 * time.Millisecond) // the empty wait queue had its look
+		publishWith(t, ch, "work", amqp.Publishing{Body: []byte("job")})
+		_, msgs := consumeWith(t, e, c, "work", 1, nil)
+		m := mustRecv(t, msgs, "first delivery")
+		rejected := time.Now()
+		if err := m.Reject(false); err != nil {
+			t.Fatal(err)
+		}
+		m = mustRecv(t, msgs, "after the wait queue")
+		if took := time.Since(rejected); took > 600*time.Millisecond {
+			t.Fatalf("back after %v; the wait queue's TTL is 100 ms", took)
+		}
+		if d := deaths(t, m); len(d) != 2 {
+			t.Fatalf("x-death %v", d)
+		}
+		m.Ack(false)
+	})
+}
+
 // Automatic deaths that come back to their queue are dropped (a cycle).
 func TestDeadLetterCycleDropped(t *testing.T) {
 	brokers(t, func(t *testing.T, e *env) {

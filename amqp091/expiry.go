@@ -108,9 +108,19 @@ func (s *Server) startReaper(q *queue) {
 	if q.reap.kick == nil {
 		q.reap.kick = make(chan struct{}, 1)
 	}
+	// Not once Shutdown began: a store completing after it (a dead-lettered
+	// copy the publisher flushes at the end) must not start a goroutine
+	// Shutdown no longer waits for.
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		q.reap.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
 	q.reap.running = true
 	q.reap.mu.Unlock()
-	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.reap(q)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -721,24 +722,25 @@ func (s *Server) autoDeletesOnStop() []*queue {
 	if s.peers == nil {
 		return nil // judges still holds while stopping
 	}
-	var out []*queue
+	var own []*queue
 	for _, v := range s.top.snapshot() {
 		v.mu.Lock()
 		for _, q := range v.queues {
-			if !q.autoDelete || !q.hadConsumer || q.deleted || len(q.consumers) == 0 || s.deliveries.Lookup(q.channel) == nil {
+			if !q.autoDelete || !q.hadConsumer || q.deleted || len(q.consumers) == 0 {
 				continue
 			}
-			own := true
+			local := true
 			for cs := range q.consumers {
-				own = own && cs.peer == nil
+				local = local && cs.peer == nil
 			}
-			if own {
-				out = append(out, q)
+			if local {
+				own = append(own, q)
 			}
 		}
 		v.mu.Unlock()
 	}
-	return out
+	// Held here (outside v.mu: the lease engine's lock is not taken under it).
+	return slices.DeleteFunc(own, func(q *queue) bool { return s.deliveries.Lookup(q.channel) == nil })
 }
 
 // dropQueueAsync runs dropQueue on a tracked goroutine, for callers that

@@ -124,13 +124,19 @@ func listening(line string) (listener, addr string, ok bool) {
 }
 
 // RSS returns the process's resident memory in bytes, from /proc (0 when it cannot be read).
-func (p *Proc) RSS() float64 {
+func (p *Proc) RSS() float64 { return p.status("VmRSS:") }
+
+// PeakRSS returns the process's highest resident memory so far in bytes (VmHWM).
+func (p *Proc) PeakRSS() float64 { return p.status("VmHWM:") }
+
+// status returns a memory field of /proc/PID/status in bytes (0 when it cannot be read).
+func (p *Proc) status(field string) float64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
 			kb, _ := strconv.ParseFloat(f[1], 64)
 			return kb * 1024
 		}

@@ -69,10 +69,27 @@ func BenchmarkFleet(b *testing.B) {
 		b.ReportMetric(fwd, proto+"-forwarded-msg/s")
 		b.ReportMetric(fwd/own, proto+"-forwarded/owner")
 		fmt.Fprintf(&table, "%-7s one consumer: on the holder %.0f msg/s, forwarded %.0f msg/s (%.2f)\n", proto, own, fwd, fwd/own)
+		peak, heap := f.memory(b)
+		b.ReportMetric(peak/(1<<20), proto+"-max-peak-rss-MiB")
+		b.ReportMetric(heap/(1<<20), proto+"-max-heap-MiB")
+		fmt.Fprintf(&table, "%-7s memory after it: peak RSS so far %.0f MiB, Go heap in use %.0f MiB (the largest replica's)\n", proto, peak/(1<<20), heap/(1<<20))
 	}
 	b.StopTimer()
 	fmt.Printf("BenchmarkFleet: %d messages of 1 KiB per measurement, %d consumers and publishers, backend %s\n%s", n, benchConsumers, f.kubemq, table.String())
 	f.checkProblems()
+}
+
+// memory returns the largest peak RSS (VmHWM) and Go heap in use among the replicas.
+func (f *fleet) memory(b *testing.B) (peak, heap float64) {
+	for _, r := range f.replicas {
+		peak = max(peak, r.p.PeakRSS())
+		m, err := proctest.Scrape(r.addr("http"))
+		if err != nil {
+			b.Fatalf("%s: %v", r.name, err)
+		}
+		heap = max(heap, m.Heap())
+	}
+	return peak, heap
 }
 
 // benchConsumers consumers (and publishers) run on the replicas in use, in turn.

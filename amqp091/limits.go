@@ -27,27 +27,27 @@ import (
 //
 // Body bytes: KubeMQ counts bytes with its own overheads (metadata, lease
 // records), so the bytes come from the messages themselves. Each process
-// keeps a byte ledger per byte-limited queue: the body sizes of its
-// messages in queue order, as far as it knows them: every copy it stores
-// (publishes, dead-lettered and delayed copies, the management API) is
-// added when KubeMQ has stored it, and a scan replaces the ledger with the
-// sizes of the ready messages themselves. The ready bytes are the bytes of
-// the newest n entries, n being the ready count: consumers take the oldest
-// first. A scan is the reaper's pass that takes every ready message into
-// hand (as the exact x-max-length trim does, at most exactTrimMax of them)
-// and sums their bodies; it runs when the ledger cannot answer exactly:
-// it holds fewer than n entries (messages another replica stored, a
-// requeue, a restart), the queue is over its limit (drop-head: the pass
-// trims it), a reject-publish check would refuse (it is checked against
-// the scan), the last scan is older than reapIdle (a message requeued in
-// place sits at the head, not among the newest), and always for a
-// priority queue (its ready messages are not the newest). So one
-// publishing channel is counted exactly on the replica that holds the
-// queue. A replica that does not hold the queue asks the holder for the
-// ready bytes (QueueRequest BYTES: the holder's ledger or scan); only when
-// the holder cannot be asked does it count the entries it lacks at its
-// ledger's average size. Approximate: a queue longer than exactTrimMax is not scanned (drop-head drops from the head
-// by the ledger's count of bytes, then by the sizes it meets).
+// keeps a byte ledger per byte-limited queue: the body sizes of its messages
+// in queue order, as far as it knows them: every copy it stores (publishes,
+// dead-lettered and delayed copies, the management API) is added when KubeMQ
+// has stored it, and a scan replaces the ledger with the sizes of the ready
+// messages themselves. The ready bytes are the bytes of the newest n
+// entries, n being the ready count: consumers take the oldest first. A scan
+// is the reaper's pass that takes every ready message into hand (as the
+// exact x-max-length trim does, at most exactTrimMax of them) and sums their
+// bodies; it runs when the ledger cannot answer exactly: it holds fewer than
+// n entries (messages another replica stored, a requeue, a restart), the
+// queue is over its limit (drop-head: the pass trims it), a reject-publish
+// check would refuse (it is checked against the scan), the last scan is
+// older than reapIdle (a message requeued in place sits at the head, not
+// among the newest), and always for a priority queue (its ready messages are
+// not the newest). So one publishing channel is counted exactly on the
+// replica that holds the queue. A replica that does not hold the queue asks
+// the holder for the ready bytes (QueueRequest BYTES: the holder's ledger or
+// scan); only when the holder cannot be asked does it count the entries it
+// lacks at its ledger's average size. Approximate: a queue longer than
+// exactTrimMax is not scanned (drop-head drops from the head by the ledger's
+// count of bytes, then by the sizes it meets).
 
 // limitsLength reports whether q has a length or byte limit the proxy
 // enforces.

@@ -43,11 +43,11 @@ func TestCreateVisibleAtOnceOnAnotherReplica(t *testing.T) {
 		return topic, sub
 	}
 
-	topic, sub := create("1")
-	if _, err := pb.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: e.topicName(e.id("t1"))}); err != nil {
+	topic, _ := create("1")
+	if _, err := pb.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: topic}); err != nil {
 		t.Fatalf("GetTopic on the other replica: %v", err)
 	}
-	topic, sub = create("2")
+	topic, sub := create("2")
 	if _, err := pb.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte("x")}}}); err != nil {
 		t.Fatalf("Publish on the other replica: %v", err)
 	}

@@ -195,10 +195,10 @@ func (f *fleet) startConsumers(ctx context.Context, t testing.TB, wg *sync.WaitG
 	}
 }
 
-// TestAMQPFleet: three replicas, an AMQP consumer of one queue on each, no fault: every
-// message once, and the work shared within 20 % of even.
+// TestAMQPFleet: three replicas (FLEET_REPLICAS), an AMQP consumer of one queue on each, no
+// fault: every message once, and the work shared within 20 % of even.
 func TestAMQPFleet(t *testing.T) {
-	f := newFleet(t, 3)
+	f := newFleet(t, replicas(t))
 	q := f.setupAMQP(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -33,6 +33,18 @@ func randSuffix() string {
 	return hex.EncodeToString(b)
 }
 
+// replicas is how many replicas the no-fault fleet runs start: FLEET_REPLICAS (1 to 8), else 3.
+func replicas(t testing.TB) int {
+	if v := os.Getenv("FLEET_REPLICAS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 8 {
+			t.Fatalf("FLEET_REPLICAS=%q: want 1 to 8", v)
+		}
+		return n
+	}
+	return 3
+}
+
 // messages is how many messages a run sends per protocol.
 func messages(t testing.TB) int {
 	if v := os.Getenv("FLEET_MESSAGES"); v != "" {

@@ -242,10 +242,10 @@ func (f *fleet) publish(t testing.TB, topic string, n int, fault func()) []strin
 	return ids
 }
 
-// TestPubSubFleet: three replicas, a consumer of one subscription on each, no fault: every
-// message once, and the work shared.
+// TestPubSubFleet: three replicas (FLEET_REPLICAS), a consumer of one subscription on each, no
+// fault: every message once, and the work shared.
 func TestPubSubFleet(t *testing.T) {
-	f := newFleet(t, 3)
+	f := newFleet(t, replicas(t))
 	topic, sub := f.setupPubSub(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())

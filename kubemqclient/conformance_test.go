@@ -1064,10 +1064,6 @@ func TestVisibility(t *testing.T) {
 		t.Fatal("second Ack succeeded")
 	}
 	v = recvV()
-	if err := v.Reject(timeout(t, 5*time.Second)); err != nil {
-		t.Fatalf("Reject: %v", err)
-	}
-	v = recvV()
 	if err := v.Resend(timeout(t, 5*time.Second), dst); err != nil {
 		t.Fatalf("Resend: %v", err)
 	}
@@ -1075,14 +1071,20 @@ func TestVisibility(t *testing.T) {
 	if err := v.SendModified(timeout(t, 5*time.Second), kc.QueueMessage{Channel: dst, Body: []byte("modified")}); err != nil {
 		t.Fatalf("SendModified: %v", err)
 	}
+	// The last message is rejected, so that it is alone in the queue when it comes back: where
+	// the real server puts a rejected message among others varies (before or after the next).
+	v = recvV()
+	if err := v.Reject(timeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("Reject: %v", err)
+	}
 	// Closing while holding returns the message at once with rc+1.
 	v = recvV()
-	if string(v.Message.Body) != "m0001" || v.Message.Attributes.ReceiveCount != 2 {
+	if string(v.Message.Body) != "m0003" || v.Message.Attributes.ReceiveCount != 2 {
 		t.Fatalf("rejected message came back as %+v", v.Message)
 	}
 	_ = v.Close()
 	v = recvV()
-	if string(v.Message.Body) != "m0001" || v.Message.Attributes.ReceiveCount != 3 {
+	if string(v.Message.Body) != "m0003" || v.Message.Attributes.ReceiveCount != 3 {
 		t.Fatalf("message returned by Close came back as %+v", v.Message)
 	}
 	if err := v.Ack(timeout(t, 5*time.Second)); err != nil {
@@ -1090,7 +1092,7 @@ func TestVisibility(t *testing.T) {
 	}
 	ds := openDS(t, c)
 	tx := get(t, ds, dst, 2, 5*time.Second)
-	if !slices.Equal(bodies(tx.Messages), []string{"m0002", "modified"}) {
+	if !slices.Equal(bodies(tx.Messages), []string{"m0001", "modified"}) {
 		t.Fatalf("moved messages: %v", bodies(tx.Messages))
 	}
 	ackAllSync(t, ds, tx)

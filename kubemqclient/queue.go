@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqpb"
 )
@@ -77,7 +79,11 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 			actx, cancel = context.WithTimeout(ctx, c.opts.SendAttempt)
 		}
 		r, err = c.rpc.SendQueueMessagesBatch(actx, &kubemqpb.QueueMessagesBatchRequest{BatchID: c.ids.next(), Messages: pms})
-		unanswered := err != nil && actx.Err() != nil && ctx.Err() == nil
+		// Unanswered within the attempt: its deadline passed here, or the server's copy of
+		// it passed first there (the server then answers DeadlineExceeded a moment before
+		// the local timer fires) when it was the attempt's, not the caller's.
+		unanswered := err != nil && ctx.Err() == nil &&
+			(actx.Err() != nil || (status.Code(err) == codes.DeadlineExceeded && attemptFirst(ctx, actx)))
 		cancel()
 		if err == nil {
 			break
@@ -95,6 +101,16 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 	rs, err := c.sendResults(op, len(msgs), r.GetResults())
 	endBatch(t, OpSendQueueBatch, rs, err)
 	return rs, err
+}
+
+// attemptFirst reports whether attempt (derived from ctx) ends before ctx does.
+func attemptFirst(ctx, attempt context.Context) bool {
+	a, ok := attempt.Deadline()
+	if !ok {
+		return false
+	}
+	d, ok := ctx.Deadline()
+	return !ok || a.Before(d)
 }
 
 func (c *Client) queueMessagesToPB(op string, msgs []QueueMessage) ([]*kubemqpb.QueueMessage, error) {

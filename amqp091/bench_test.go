@@ -105,6 +105,20 @@ func report(b *testing.B, start time.Time, n int, unit string) {
 	b.ReportMetric(float64(n)/time.Since(start).Seconds(), unit)
 }
 
+// reportMemory reports the memory after a run against target: for the proxy the test process's
+// Go heap in use and RSS (the proxy, the embedded KubeMQ and the clients together), for RabbitMQ
+// its node's RSS.
+func reportMemory(b *testing.B, target string) {
+	if target == "proxy" {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
+		b.ReportMetric(rssMiB(os.Getpid()), "rss-MiB")
+	} else if rabbitPID != 0 {
+		b.ReportMetric(groupRSSMiB(rabbitPID), "rss-MiB")
+	}
+}
+
 // fill publishes n messages to q with confirms (untimed setup).
 func fill(b *testing.B, ch *amqp.Channel, q string, n int) {
 	b.Helper()
@@ -338,14 +352,7 @@ func BenchmarkCelery(b *testing.B) {
 					b.ReportMetric(float64(n-1)/(last-first), "tasks/s")
 				}
 				b.ReportMetric(total, "run-s")
-				if tg.name == "proxy" {
-					var ms runtime.MemStats
-					runtime.ReadMemStats(&ms)
-					b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-MiB")
-					b.ReportMetric(rssMiB(os.Getpid()), "rss-MiB")
-				} else if rabbitPID != 0 {
-					b.ReportMetric(groupRSSMiB(rabbitPID), "rss-MiB")
-				}
+				reportMemory(b, tg.name)
 			})
 		}
 	}

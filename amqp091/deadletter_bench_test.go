@@ -61,6 +61,7 @@ func BenchmarkDLXRetryLoop(b *testing.B) {
 			}
 			b.StopTimer()
 			report(b, start, b.N, "msg/s")
+			reportMemory(b, tg.name)
 		})
 	}
 }
@@ -75,13 +76,13 @@ func BenchmarkDropHead(b *testing.B) {
 			suffix string
 			args   amqp.Table
 		}{{"", amqp.Table{"x-max-length": int32(100)}}, {"-bytes", amqp.Table{"x-max-length-bytes": int32(100 * benchBody)}}} {
-			benchDropHead(b, tg.name+v.suffix, tg.url, v.args)
+			benchDropHead(b, tg.name, v.suffix, tg.url, v.args)
 		}
 	}
 }
 
-func benchDropHead(b *testing.B, name, url string, args amqp.Table) {
-	b.Run(name, func(b *testing.B) {
+func benchDropHead(b *testing.B, target, suffix, url string, args amqp.Table) {
+	b.Run(target+suffix, func(b *testing.B) {
 		_, ch := benchDial(b, url)
 		q := "bench-drophead-" + randHex(3)
 		benchQueueArgs(b, ch, q, args)
@@ -93,6 +94,7 @@ func benchDropHead(b *testing.B, name, url string, args amqp.Table) {
 		if want := min(b.N, 100); st.Messages != want {
 			b.Fatalf("queue holds %d, want %d", st.Messages, want)
 		}
+		reportMemory(b, target)
 	})
 }
 
@@ -155,6 +157,7 @@ func BenchmarkPriorityQueue(b *testing.B) {
 			report(b, start, b.N, "msg/s")
 			b.ReportMetric(float64(b.N)/published.Seconds(), "publish-msg/s")
 			report(b, consumeStart, b.N, "consume-msg/s")
+			reportMemory(b, tg.name)
 		})
 	}
 }

@@ -169,13 +169,20 @@ func TestDeadLetterOnReject(t *testing.T) {
 	})
 }
 
+// declareRetryLoop declares a retry loop: "work" dead-letters to "wait",
+// whose messages expire after ttlMs and dead-letter back to "work".
+func declareRetryLoop(t *testing.T, ch *amqp.Channel, ttlMs int32) {
+	t.Helper()
+	declareArgs(t, ch, "work", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "wait"})
+	declareArgs(t, ch, "wait", amqp.Table{"x-message-ttl": ttlMs, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+}
+
 // A retry loop: rejected from work, waits in a TTL queue, expires back.
 func TestDeadLetterRetryLoop(t *testing.T) {
 	brokers(t, func(t *testing.T, e *env) {
 		c := e.dial()
 		ch := confirmChannel(t, e, c)
-		declareArgs(t, ch, "work", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "wait"})
-		declareArgs(t, ch, "wait", amqp.Table{"x-message-ttl": int32(200), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+		declareRetryLoop(t, ch, 200)
 		publishWith(t, ch, "work", amqp.Publishing{Body: []byte("job")})
 		_, msgs := consumeWith(t, e, c, "work", 1, nil)
 		for round := int64(1); round <= 3; round++ {
@@ -211,8 +218,7 @@ func TestDeadLetterIntoTTLQueueOnTime(t *testing.T) {
 	brokers(t, func(t *testing.T, e *env) {
 		c := e.dial()
 		ch := confirmChannel(t, e, c)
-		declareArgs(t, ch, "work", amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "wait"})
-		declareArgs(t, ch, "wait", amqp.Table{"x-message-ttl": int32(100), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "work"})
+		declareRetryLoop(t, ch, 100)
 		time.Sleep(150 * time.Millisecond) // the empty wait queue had its look
 		publishWith(t, ch, "work", amqp.Publishing{Body: []byte("job")})
 		_, msgs := consumeWith(t, e, c, "work", 1, nil)

@@ -160,8 +160,11 @@ type Consumer struct {
 	pollWake chan struct{} // cap 1: demand appeared (or a pause)
 	// pauseSem (cap 1) is held by the caller of Pause from the request to resume; pauseReq is
 	// its request (pause.go), guarded by mu.
-	pauseSem   chan struct{}
-	pauseReq   *pauseReq
+	pauseSem chan struct{}
+	pauseReq *pauseReq
+	// taken and takenNext: the sequences of the last batches acknowledged (taken.go), a ring.
+	taken      [takenBatches]takenBatch
+	takenNext  int
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
 	// staleStream: the backend went down since the poll loop's stream was opened; the loop
 	// replaces the stream before its next Get.

@@ -306,6 +306,7 @@ func (c *Consumer) pollOnce(ds Downstream, demand, ahead int, st *pollState) (br
 	if err := ds.AckAll(ctx, tx); err != nil {
 		return true, fmt.Errorf("delivery: ack batch on %s: %w", c.queue, err)
 	}
+	c.noteTaken(msgs, time.Now())
 	c.commit(b)
 	st.lastTx = tx
 	if uncounted && len(msgs) < maxItems {

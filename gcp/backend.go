@@ -34,9 +34,10 @@ type backend interface {
 	// in batches and in order (fewer if fewer are retained).
 	readAll(ctx context.Context, channel string, n uint64, fn func([]kubemqclient.EventReceive) error) error
 	// move takes every message waiting in queue from and stores it, in
-	// order, in queue to, calling visit (may be nil) with each on the way;
-	// it reports how many it moved. Nobody else may read from meanwhile.
-	move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) error) (int, error)
+	// order, in queue to, calling visit (may be nil) with each on the way
+	// (one it does not keep is taken from from and dropped); it reports how
+	// many it moved. Nobody else may read from meanwhile.
+	move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error)) (int, error)
 }
 
 // Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100

@@ -304,15 +304,24 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 	if _, err := s.be.move(ctx, hold, e.queue, nil); err != nil {
 		return rec, err
 	}
-	_, err = s.be.move(ctx, e.queue, hold, func(m *kubemqclient.QueueMessage) error {
+	// A copy the engine has taken already, handed to this reader again because the server had
+	// not yet applied the engine's acknowledgement (docs/kubemq.md 8.8), is dropped: moved back,
+	// the engine would deliver it a second time.
+	taken := h.Consumer().Taken(takenWindow)
+	_, err = s.be.move(ctx, e.queue, hold, func(m *kubemqclient.QueueMessage) (bool, error) {
+		if taken(m.Attributes.Sequence) {
+			s.log.Debug("snapshot: dropped a copy the engine had taken", zap.String("subscription", e.id),
+				zap.Uint64("sequence", m.Attributes.Sequence))
+			return false, nil
+		}
 		id := m.Tags[TagMessageID]
 		if id == "" || isLeaseRecord(m.Tags) {
-			return nil // native messages and lease records are moved, not captured
+			return true, nil // native messages and lease records are moved, not captured
 		}
 		if _, ok := listed[id]; ok {
-			return nil
+			return true, nil
 		}
-		return add(id, m.Tags)
+		return true, add(id, m.Tags)
 	})
 	if err == nil {
 		err = flush()
@@ -329,6 +338,11 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 	rec.Expire = rec.MaxExpire
 	return rec, nil
 }
+
+// takenWindow is how far back a capture looks for batches the engine took (delivery.Consumer.Taken):
+// the real KubeMQ was seen to hand out a copy whose acknowledgement was pending up to 15 s
+// after the first delivery (docs/kubemq.md 8.8).
+const takenWindow = 30 * time.Second
 
 // isLeaseRecord reports whether tags are those of a lease engine record
 // or sentinel (a redelivered copy has engine tags too, and is captured).

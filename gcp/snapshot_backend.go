@@ -47,7 +47,10 @@ func (b kubemqBackend) readAll(ctx context.Context, channel string, n uint64, fn
 // answers at once, and once the count is used up a barrier and a new
 // count tell whether the queue is empty: the empty Get that would say so
 // waits a full second (docs/kubemq.md 8.2, 9.4 rule 4).
-func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) error) (int, error) {
+//
+// visit, when set, sees each message first: keep false acknowledges it without storing it
+// in to; an error ends the move with the transaction given back.
+func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error)) (int, error) {
 	known, err := b.waitingIn(ctx, from)
 	if err != nil || known == 0 {
 		return 0, err
@@ -62,6 +65,9 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 	gctx := context.WithoutCancel(ctx)
 	n := 0
 	lastTx := ""
+	// The sequences of the last batches taken, to tell a second copy of one of them.
+	var recent [4]map[uint64]struct{}
+	next := 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return n, err
@@ -89,16 +95,30 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 		if known > 0 {
 			known = max(known-int64(len(tx.Messages)), 0)
 		}
-		out := make([]kubemqclient.QueueMessage, len(tx.Messages))
+		out := make([]kubemqclient.QueueMessage, 0, len(tx.Messages))
+		batch := make(map[uint64]struct{}, len(tx.Messages))
 		for i := range tx.Messages {
 			m := &tx.Messages[i]
+			if seq := m.Attributes.Sequence; seq != 0 {
+				if _, again := batch[seq]; again || movedRecently(recent, seq) {
+					// Moved already: a repeat inside one answer, or a copy whose
+					// acknowledgement the server had not applied when the next Get
+					// came (docs/kubemq.md 8.8, 10.4). Acknowledged, not stored again.
+					continue
+				}
+				batch[seq] = struct{}{}
+			}
 			if visit != nil {
-				if err := visit(m); err != nil {
+				keep, err := visit(m)
+				if err != nil {
 					_ = d.CloseByClient(tx.ID)
 					return n, err
 				}
+				if !keep {
+					continue
+				}
 			}
-			out[i] = kubemqclient.QueueMessage{MessageID: m.MessageID, Channel: to, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags}
+			out = append(out, kubemqclient.QueueMessage{MessageID: m.MessageID, Channel: to, Metadata: m.Metadata, Body: m.Body, Tags: m.Tags})
 		}
 		for _, batch := range queueBatches(out) {
 			rs, err := b.c.SendQueueMessages(ctx, batch)
@@ -115,6 +135,8 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 		if err := d.AckAll(tx.ID); err != nil {
 			return n, err
 		}
+		recent[next%len(recent)] = batch
+		next++
 		lastTx = tx.ID
 		n += len(out)
 	}
@@ -134,4 +156,14 @@ func (b kubemqBackend) waitingIn(ctx context.Context, queue string) (int64, erro
 		return max(q.Waiting, 0), nil
 	}
 	return -1, nil
+}
+
+// movedRecently reports whether seq is in one of the batch sets.
+func movedRecently(recent [4]map[uint64]struct{}, seq uint64) bool {
+	for _, b := range recent {
+		if _, ok := b[seq]; ok {
+			return true
+		}
+	}
+	return false
 }

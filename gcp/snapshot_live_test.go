@@ -48,6 +48,7 @@ func TestCreateSnapshotLeavesSubscribersAlone(t *testing.T) {
 	}
 	var mu sync.Mutex
 	deliveries := map[string]int{}
+	trail := map[string][]string{}    // each delivery's ack id and attempt, for a failure's message
 	ackedAt := map[string]time.Time{} // when Acknowledge returned
 	ackStart := map[string]time.Time{}
 	var held []string // ack ids
@@ -66,6 +67,7 @@ func TestCreateSnapshotLeavesSubscribersAlone(t *testing.T) {
 				d := string(m.Message.Data)
 				mu.Lock()
 				deliveries[d]++
+				trail[d] = append(trail[d], fmt.Sprintf("%s@%s attempt %d", m.AckId, time.Now().Format("15:04:05.000"), m.DeliveryAttempt))
 				first := deliveries[d] == 1
 				mu.Unlock()
 				if !first {
@@ -136,7 +138,12 @@ func TestCreateSnapshotLeavesSubscribersAlone(t *testing.T) {
 	mu.Lock()
 	for d, n := range deliveries {
 		if n != 1 {
-			t.Errorf("%s delivered %d times before the seek", d, n)
+			if e.dm != nil {
+				for _, st := range e.dm.Stats() {
+					t.Logf("engine: %+v", st)
+				}
+			}
+			t.Errorf("%s delivered %d times before the seek: %v", d, n, trail[d])
 		}
 	}
 	if len(deliveries) != total {
@@ -147,8 +154,16 @@ func TestCreateSnapshotLeavesSubscribersAlone(t *testing.T) {
 	if err := s.seek("s", "s"); err != nil {
 		t.Fatal(err)
 	}
+	mu.Lock()
+	need := 0 // the messages the snapshot must hold
+	for _, d := range all {
+		if started, began := ackStart[d]; !began || started.After(t1) {
+			need++
+		}
+	}
+	mu.Unlock()
 	got := map[string]bool{}
-	for _, d := range s.drain("s", 2*time.Second) {
+	for _, d := range s.drainAtLeast("s", need, 2*time.Second) {
 		got[d] = true
 	}
 	mu.Lock()

@@ -10,11 +10,11 @@ import (
 // When a transaction is settled the real KubeMQ closes the Get's consumer-group member at once
 // and applies the acknowledgements separately; if the close wins, a message whose
 // acknowledgement is still pending goes to another open member, delivered again with the same
-// sequence (docs/kubemq.md 8.8). The poll loop is the only reader of its queue, so this matters
-// only when something else reads the queue right after it, as a snapshot's capture does during a
-// Pause: a message it then reads may be one the loop has already taken and acknowledged.
-// The Consumer remembers the sequences of the last batches it acknowledged, as ranges, so such a
-// reader can tell those copies apart (Taken).
+// sequence (docs/kubemq.md 8.8, 10.4). A reader of the queue right after the poll loop, as a
+// snapshot's capture during a Pause, may so receive a message the loop has already taken and
+// acknowledged. The Consumer remembers the sequences of the last batches it acknowledged, as
+// ranges, so such a reader can tell those copies apart (Taken). The same was seen between the
+// poll loop's own Gets, which do not consult the ring yet.
 
 // takenBatches is how many acknowledged batches the Consumer remembers.
 const takenBatches = 16

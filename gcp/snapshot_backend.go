@@ -100,10 +100,11 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 		for i := range tx.Messages {
 			m := &tx.Messages[i]
 			if seq := m.Attributes.Sequence; seq != 0 {
-				if _, again := batch[seq]; again || movedRecently(recent, seq) {
-					// Moved already: a repeat inside one answer, or a copy whose
-					// acknowledgement the server had not applied when the next Get
-					// came (docs/kubemq.md 8.8, 10.4). Acknowledged, not stored again.
+				// Get drops repeats inside one answer; a copy moved by an earlier Get
+				// came again because the server had not applied its acknowledgement
+				// when this Get came (docs/kubemq.md 8.8, 10.4): acknowledged, not
+				// stored again.
+				if movedRecently(recent, seq) {
 					continue
 				}
 				batch[seq] = struct{}{}

@@ -73,6 +73,7 @@ type Stats struct {
 	Gets             uint64 // downstream Gets
 	Received         uint64 // data messages received (after deduplication)
 	DuplicateSeqs    uint64 // repeated sequences dropped from Get responses
+	Retaken          uint64 // copies of messages already taken and acked, got again and dropped (taken.go)
 	Delivered        uint64 // deliveries handed out
 	Acked            uint64
 	Redelivered      uint64 // copies enqueued (nack, expiry, release, recovery)
@@ -103,7 +104,7 @@ type Stats struct {
 }
 
 type counters struct {
-	gets, received, dupSeqs, delivered, acked, redelivered, droppedByHook,
+	gets, received, dupSeqs, retaken, delivered, acked, redelivered, droppedByHook,
 	recordsStored, entriesStored, recordsReturned, rearmed, obsolete, bounced, recovered,
 	corrupt, storeFailures, leasesLost, resets, transient, recordTimeouts, requeued, purged,
 	sentinelsStored, sentinelsReturned, sentinelsBounced, sentinelsDropped atomic.Uint64
@@ -289,6 +290,7 @@ func (c *Consumer) Stats() Stats {
 	s.Gets = c.st.gets.Load()
 	s.Received = c.st.received.Load()
 	s.DuplicateSeqs = c.st.dupSeqs.Load()
+	s.Retaken = c.st.retaken.Load()
 	s.Delivered = c.st.delivered.Load()
 	s.Acked = c.st.acked.Load()
 	s.Redelivered = c.st.redelivered.Load()

@@ -27,7 +27,12 @@ type fakeKubeMQ struct {
 	ambiguous  func(queue string, msgs []Message) bool             // true: store, then report failure
 	getFail    func(queue string) error                            // non-nil: the Get is refused, the stream goes on
 	uncounted  bool                                                // Waiting answers -1 (kubemqclient.Ambiguous)
-	sends      int
+	// ackEcho, when set, is asked at each AckAll how many of the transaction's first messages
+	// go back to the head of the queue, acknowledged and still delivered again under the same
+	// sequences: the real server's race between the settlement and the next Get
+	// (docs/kubemq.md 10.4).
+	ackEcho func(queue string, msgs []Message) int
+	sends   int
 }
 
 type fakeQueue struct {
@@ -392,6 +397,10 @@ func (s *fakeStream) settle(tx string, giveBack bool) error {
 	}
 	if giveBack {
 		q.ready = append(slices.Clone(t.msgs), q.ready...)
+	} else if f.ackEcho != nil {
+		if n := min(f.ackEcho(t.queue, t.msgs), len(t.msgs)); n > 0 {
+			q.ready = append(slices.Clone(t.msgs[:n]), q.ready...)
+		}
 	}
 	f.notifyLocked()
 	return nil

@@ -16,6 +16,7 @@ func (s *Stats) add(o Stats) {
 	s.Gets += o.Gets
 	s.Received += o.Received
 	s.DuplicateSeqs += o.DuplicateSeqs
+	s.Retaken += o.Retaken
 	s.Delivered += o.Delivered
 	s.Acked += o.Acked
 	s.Redelivered += o.Redelivered
@@ -91,6 +92,7 @@ var metricDescs = func() []metricDesc {
 		c("gets", "Downstream Gets.", func(s *Stats) uint64 { return s.Gets }),
 		c("received", "Data messages received.", func(s *Stats) uint64 { return s.Received }),
 		c("duplicate_sequences", "Repeated sequences dropped from Get responses.", func(s *Stats) uint64 { return s.DuplicateSeqs }),
+		c("retaken", "Copies of messages already taken and acknowledged, received again and dropped.", func(s *Stats) uint64 { return s.Retaken }),
 		c("delivered", "Deliveries handed out.", func(s *Stats) uint64 { return s.Delivered }),
 		c("acked", "Deliveries acked.", func(s *Stats) uint64 { return s.Acked }),
 		c("redelivered", "Redelivery copies enqueued (nack, expiry, release, recovery).", func(s *Stats) uint64 { return s.Redelivered }),

@@ -197,6 +197,9 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 	}
 	lost := fmt.Errorf("%w: %w", ErrLeasesLost, err)
 	n := c.resetLocked()
+	// A broken stream may be a KubeMQ restarted with an empty store, numbering the queue's
+	// copies from 1 again: the sequences taken before it no longer name the same copies.
+	c.taken = [takenBatches]takenBatch{}
 	c.mu.Unlock()
 	c.log.Warn("downstream failed; lease table dropped, lease records will bring the messages back",
 		zap.Int("leases", n), zap.Error(err))
@@ -373,8 +376,17 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 	var recs []*Message
 	data := make([]*Message, 0, len(msgs))
+	c.mu.Lock()
+	taken := c.takenSinceLocked(now.Add(-retakenWindow))
+	c.mu.Unlock()
 	for i := range msgs {
 		m := &msgs[i]
+		if taken.has(m.Sequence) {
+			// A second delivery of a copy an earlier batch took and acknowledged (taken.go):
+			// the first was handled in full, data or record alike.
+			c.st.retaken.Add(1)
+			continue
+		}
 		if seen != nil && m.Sequence != 0 {
 			if _, dup := seen[m.Sequence]; dup {
 				c.st.dupSeqs.Add(1)

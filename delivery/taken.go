@@ -10,14 +10,25 @@ import (
 // When a transaction is settled the real KubeMQ closes the Get's consumer-group member at once
 // and applies the acknowledgements separately; if the close wins, a message whose
 // acknowledgement is still pending goes to another open member, delivered again with the same
-// sequence (docs/kubemq.md 8.8, 10.4). A reader of the queue right after the poll loop, as a
-// snapshot's capture during a Pause, may so receive a message the loop has already taken and
-// acknowledged. The Consumer remembers the sequences of the last batches it acknowledged, as
-// ranges, so such a reader can tell those copies apart (Taken). The same was seen between the
-// poll loop's own Gets, which do not consult the ring yet.
+// sequence (docs/kubemq.md 8.8, 10.4). The next reader of the queue may so receive a message the
+// Consumer has already taken and acknowledged: the poll loop's own next Get, or a snapshot's
+// capture reading the queue during a Pause. The Consumer remembers the sequences of the last
+// batches it acknowledged, as ranges. Its own Gets drop a message whose sequence is among them
+// (prepare, within retakenWindow), and another reader asks Taken.
+//
+// A sequence names one stored copy of a message in one queue, and KubeMQ numbers a queue's
+// copies upwards: a redelivery or requeue of a message is a new copy under a new sequence, so
+// only a second delivery of the same copy is dropped. A queue's numbering starts again only
+// when the queue itself is gone: the embedded server removes a queue idle for its purge
+// interval, far longer than the window, and a KubeMQ restarted on an empty store breaks the
+// stream, which clears the ring (pollFailed).
 
 // takenBatches is how many acknowledged batches the Consumer remembers.
 const takenBatches = 16
+
+// retakenWindow is how long the poll loop drops copies of a batch it acknowledged. The copies
+// seen on the real server came within 2.5 s of the acknowledgement.
+const retakenWindow = 10 * time.Second
 
 // seqRange is the sequences lo..hi, both included.
 type seqRange struct{ lo, hi uint64 }
@@ -59,21 +70,39 @@ func (c *Consumer) noteTaken(msgs []Message, now time.Time) {
 // already holds or has settled (see the top of this file). The answer is fixed when Taken is
 // called; call it while the Consumer is paused, so that nothing is taken meanwhile.
 func (c *Consumer) Taken(window time.Duration) func(seq uint64) bool {
-	since := time.Now().Add(-window)
-	var rs []seqRange
 	c.mu.Lock()
-	for _, b := range c.taken {
-		if !b.at.IsZero() && !b.at.Before(since) {
-			rs = append(rs, b.ranges...)
-		}
-	}
+	t := c.takenSinceLocked(time.Now().Add(-window))
 	c.mu.Unlock()
-	return func(seq uint64) bool {
-		for _, r := range rs {
-			if seq >= r.lo && seq <= r.hi {
-				return true
-			}
+	return t.has
+}
+
+// takenSet is the sequences of some acknowledged batches.
+type takenSet struct {
+	ranges []seqRange
+	hi     uint64 // the highest sequence in ranges
+}
+
+// takenSinceLocked collects the batches acknowledged at or after since. c.mu must be held.
+func (c *Consumer) takenSinceLocked(since time.Time) takenSet {
+	var t takenSet
+	for _, b := range c.taken {
+		if b.at.IsZero() || b.at.Before(since) {
+			continue
 		}
-		return false
+		t.ranges = append(t.ranges, b.ranges...)
+		t.hi = max(t.hi, b.ranges[len(b.ranges)-1].hi)
 	}
+	return t
+}
+
+func (t takenSet) has(seq uint64) bool {
+	if seq == 0 || seq > t.hi {
+		return false // the usual case: a copy stored after everything taken
+	}
+	for _, r := range t.ranges {
+		if seq >= r.lo && seq <= r.hi {
+			return true
+		}
+	}
+	return false
 }

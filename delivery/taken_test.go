@@ -1,6 +1,8 @@
 package delivery
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -57,5 +59,84 @@ func TestNoteTakenRanges(t *testing.T) {
 	taken = c.Taken(time.Minute)
 	if taken(5) || !taken(100) || !taken(100+takenBatches-1) {
 		t.Errorf("the ring kept the wrong batches")
+	}
+}
+
+// TestGetDropsRetakenCopies: when acknowledged messages come back to the queue's head under
+// their own sequences (the real server's settlement race, emulated by the fake), the poll loop
+// drops them: every message is delivered once, and a nacked message, a new copy, still comes
+// back.
+func TestGetDropsRetakenCopies(t *testing.T) {
+	f := newFakeKubeMQ(t)
+	echoes := 0
+	f.ackEcho = func(_ string, msgs []Message) int {
+		if echoes >= 6 {
+			return 0
+		}
+		echoes++
+		return 2
+	}
+	c, _ := newTestConsumer(t, f, Options{})
+	defer closeConsumer(t, c)
+	seen := map[string]int{}
+	var out []*Delivery
+	for round := range 4 {
+		f.send(t, testQueue, ids(10, "r"+strconv.Itoa(round)+"-")...)
+		got := fetchFor(t, c, 10, 10*time.Second)
+		if len(got) != 10 {
+			t.Fatalf("round %d: fetched %d of 10", round, len(got))
+		}
+		out = append(out, got...)
+	}
+	extra := fetchFor(t, c, 1, 1500*time.Millisecond)
+	for _, d := range append(out, extra...) {
+		seen[d.MessageID]++
+		if seen[d.MessageID] > 1 {
+			t.Errorf("%s delivered %d times", d.MessageID, seen[d.MessageID])
+		}
+	}
+	if len(extra) != 0 {
+		t.Errorf("%d deliveries after all 40", len(extra))
+	}
+	st := c.Stats()
+	if st.Retaken == 0 || echoes == 0 {
+		t.Errorf("the fake echoed %d batches and the Consumer dropped %d copies", echoes, st.Retaken)
+	}
+	if st.Received != 40 {
+		t.Errorf("received %d data messages for 40", st.Received)
+	}
+	if !c.Nack(out[0].LeaseID, 0) {
+		t.Fatalf("Nack %s refused", out[0].MessageID)
+	}
+	back := fetchFor(t, c, 1, 10*time.Second)
+	if len(back) != 1 || back[0].MessageID != out[0].MessageID {
+		t.Fatalf("after a nack got %v, want %s again", back, out[0].MessageID)
+	}
+}
+
+// TestBrokenStreamForgetsTaken: a broken stream (which a KubeMQ restarted on an empty store
+// causes, numbering the queue's copies from 1 again) clears the sequences taken before it.
+func TestBrokenStreamForgetsTaken(t *testing.T) {
+	f := newFakeKubeMQ(t)
+	c, cl := newTestConsumer(t, f, Options{})
+	defer closeConsumer(t, c)
+	f.send(t, testQueue, ids(5, "a")...)
+	out := fetchFor(t, c, 5, 10*time.Second)
+	if len(out) != 5 || !c.Taken(time.Minute)(out[0].Sequence) {
+		t.Fatalf("fetched %d of 5, first taken %v", len(out), len(out) > 0 && c.Taken(time.Minute)(out[0].Sequence))
+	}
+	cl.breakStreams()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().Resets == 0 && time.Now().Before(deadline) {
+		// Demand makes the poll loop use the stream; the Fetch fails with the lost leases.
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		c.Fetch(ctx, 1)
+		cancel()
+	}
+	if c.Stats().Resets == 0 {
+		t.Fatal("the Consumer did not notice the broken stream")
+	}
+	if c.Taken(time.Minute)(out[0].Sequence) {
+		t.Error("a sequence taken before the broken stream is still reported taken")
 	}
 }

@@ -163,9 +163,8 @@ type Consumer struct {
 	// its request (pause.go), guarded by mu.
 	pauseSem chan struct{}
 	pauseReq *pauseReq
-	// taken and takenNext: the sequences of the last batches acknowledged (taken.go), a ring.
-	taken      [takenBatches]takenBatch
-	takenNext  int
+	// taken: the sequences acknowledged lately (taken.go), in time order.
+	taken      []takenRange
 	settleWake chan struct{} // cap 1: requeue work or an earlier deadline
 	// staleStream: the backend went down since the poll loop's stream was opened; the loop
 	// replaces the stream before its next Get.

@@ -199,7 +199,7 @@ func (c *Consumer) pollFailed(err error, broken bool) {
 	n := c.resetLocked()
 	// A broken stream may be a KubeMQ restarted with an empty store, numbering the queue's
 	// copies from 1 again: the sequences taken before it no longer name the same copies.
-	c.taken = [takenBatches]takenBatch{}
+	c.taken = nil
 	c.mu.Unlock()
 	c.log.Warn("downstream failed; lease table dropped, lease records will bring the messages back",
 		zap.Int("leases", n), zap.Error(err))
@@ -376,15 +376,24 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 	var recs []*Message
 	data := make([]*Message, 0, len(msgs))
+	// A second delivery of a copy an earlier batch took and acknowledged (taken.go) is
+	// dropped: the first was handled in full, data or record alike.
+	var retaken map[int]bool
 	c.mu.Lock()
 	taken := c.takenSinceLocked(now.Add(-retakenWindow))
+	for i := range msgs {
+		if taken.has(msgs[i].Sequence) {
+			if retaken == nil {
+				retaken = map[int]bool{}
+			}
+			retaken[i] = true
+		}
+	}
 	c.mu.Unlock()
+	c.st.retaken.Add(uint64(len(retaken)))
 	for i := range msgs {
 		m := &msgs[i]
-		if taken.has(m.Sequence) {
-			// A second delivery of a copy an earlier batch took and acknowledged (taken.go):
-			// the first was handled in full, data or record alike.
-			c.st.retaken.Add(1)
+		if retaken[i] {
 			continue
 		}
 		if seen != nil && m.Sequence != 0 {

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -12,9 +13,9 @@ import (
 // acknowledgement is still pending goes to another open member, delivered again with the same
 // sequence (docs/kubemq.md 8.8, 10.4). The next reader of the queue may so receive a message the
 // Consumer has already taken and acknowledged: the poll loop's own next Get, or a snapshot's
-// capture reading the queue during a Pause. The Consumer remembers the sequences of the last
-// batches it acknowledged, as ranges. Its own Gets drop a message whose sequence is among them
-// (prepare, within retakenWindow), and another reader asks Taken.
+// capture reading the queue during a Pause. The Consumer remembers the sequences it took and
+// acknowledged in the last takenKeep, as ranges. Its own Gets drop a message whose sequence is
+// among them (prepare, within retakenWindow), and another reader asks Taken.
 //
 // A sequence names one stored copy of a message in one queue, and KubeMQ numbers a queue's
 // copies upwards: a redelivery or requeue of a message is a new copy under a new sequence, so
@@ -23,19 +24,24 @@ import (
 // interval, far longer than the window, and a KubeMQ restarted on an empty store breaks the
 // stream, which clears the ring (pollFailed).
 
-// takenBatches is how many acknowledged batches the Consumer remembers.
-const takenBatches = 16
+// takenKeep is how long a taken sequence is remembered at least: the longest window a reader
+// asks for (a snapshot's capture, 30 s). maxTakenRanges bounds the memory: a Consumer takes a
+// queue's copies mostly in sequence order, so consecutive batches merge into one range, and
+// only gaps (copies another reader took, delayed messages) make new ones.
+const (
+	takenKeep      = 30 * time.Second
+	maxTakenRanges = 4096
+)
 
 // retakenWindow is how long the poll loop drops copies of a batch it acknowledged. The copies
 // seen on the real server came within 2.5 s of the acknowledgement.
 const retakenWindow = 10 * time.Second
 
-// seqRange is the sequences lo..hi, both included.
-type seqRange struct{ lo, hi uint64 }
-
-type takenBatch struct {
-	at     time.Time
-	ranges []seqRange
+// takenRange is the sequences lo..hi, both included, the last of them acknowledged at at
+// (Unix nanoseconds).
+type takenRange struct {
+	lo, hi uint64
+	at     int64
 }
 
 // noteTaken remembers the sequences of msgs, a batch just acknowledged to KubeMQ.
@@ -50,47 +56,56 @@ func (c *Consumer) noteTaken(msgs []Message, now time.Time) {
 		return
 	}
 	slices.Sort(seqs)
-	var rs []seqRange
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, s := range seqs {
-		if n := len(rs); n > 0 && s <= rs[n-1].hi+1 {
-			rs[n-1].hi = max(rs[n-1].hi, s)
+		if n := len(c.taken); n > 0 && s >= c.taken[n-1].lo && s <= c.taken[n-1].hi+1 {
+			last := &c.taken[n-1]
+			last.hi = max(last.hi, s)
+			last.at = now.UnixNano()
 			continue
 		}
-		rs = append(rs, seqRange{s, s})
+		c.taken = append(c.taken, takenRange{lo: s, hi: s, at: now.UnixNano()})
 	}
-	c.mu.Lock()
-	c.taken[c.takenNext] = takenBatch{at: now, ranges: rs}
-	c.takenNext = (c.takenNext + 1) % takenBatches
-	c.mu.Unlock()
+	// Forget what is past takenKeep, and the oldest ranges past the bound. A range's time is
+	// its last acknowledgement, so ranges are kept in time order.
+	drop := max(len(c.taken)-maxTakenRanges, 0)
+	cut := now.Add(-takenKeep).UnixNano()
+	for drop < len(c.taken) && c.taken[drop].at < cut {
+		drop++
+	}
+	if drop > 0 {
+		c.taken = slices.Delete(c.taken, 0, drop)
+	}
 }
 
 // Taken reports, for the sequences of the queue's stored copies, which ones the Consumer took
-// from KubeMQ and acknowledged within the last window (up to its last 16 batches): a copy of
-// one of them that another reader receives is a second delivery of a message the Consumer
-// already holds or has settled (see the top of this file). The answer is fixed when Taken is
-// called; call it while the Consumer is paused, so that nothing is taken meanwhile.
+// from KubeMQ and acknowledged within the last window (at most takenKeep): a copy of one of
+// them that another reader receives is a second delivery of a message the Consumer already
+// holds or has settled (see the top of this file). The answer is fixed when Taken is called;
+// call it while the Consumer is paused, so that nothing is taken meanwhile.
 func (c *Consumer) Taken(window time.Duration) func(seq uint64) bool {
 	c.mu.Lock()
 	t := c.takenSinceLocked(time.Now().Add(-window))
+	t.ranges = slices.Clone(t.ranges)
 	c.mu.Unlock()
 	return t.has
 }
 
 // takenSet is the sequences of some acknowledged batches.
 type takenSet struct {
-	ranges []seqRange
+	ranges []takenRange
 	hi     uint64 // the highest sequence in ranges
 }
 
-// takenSinceLocked collects the batches acknowledged at or after since. c.mu must be held.
+// takenSinceLocked is the ranges acknowledged at or after since, a view of c.taken: use it
+// under c.mu, or clone it.
 func (c *Consumer) takenSinceLocked(since time.Time) takenSet {
-	var t takenSet
-	for _, b := range c.taken {
-		if b.at.IsZero() || b.at.Before(since) {
-			continue
-		}
-		t.ranges = append(t.ranges, b.ranges...)
-		t.hi = max(t.hi, b.ranges[len(b.ranges)-1].hi)
+	at := since.UnixNano()
+	i, _ := slices.BinarySearchFunc(c.taken, at, func(r takenRange, at int64) int { return cmp.Compare(r.at, at) })
+	t := takenSet{ranges: c.taken[i:]}
+	for _, r := range t.ranges {
+		t.hi = max(t.hi, r.hi)
 	}
 	return t
 }
@@ -99,8 +114,8 @@ func (t takenSet) has(seq uint64) bool {
 	if seq == 0 || seq > t.hi {
 		return false // the usual case: a copy stored after everything taken
 	}
-	for _, r := range t.ranges {
-		if seq >= r.lo && seq <= r.hi {
+	for i := len(t.ranges) - 1; i >= 0; i-- {
+		if r := t.ranges[i]; seq >= r.lo && seq <= r.hi {
 			return true
 		}
 	}

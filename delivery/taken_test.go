@@ -38,8 +38,9 @@ func TestTakenRemembersAckedBatches(t *testing.T) {
 	}
 }
 
-// TestNoteTakenRanges: the sequences of one batch are kept as ranges, in any order and with
-// repeats, and the ring keeps the last takenBatches batches.
+// TestNoteTakenRanges: the sequences taken are kept as ranges, in any order and with repeats;
+// consecutive batches merge into one range; what is older than takenKeep, and the oldest ranges
+// past maxTakenRanges, are forgotten.
 func TestNoteTakenRanges(t *testing.T) {
 	c := &Consumer{}
 	now := time.Now()
@@ -50,15 +51,23 @@ func TestNoteTakenRanges(t *testing.T) {
 			t.Errorf("taken(%d) = %v, want %v", s, !want, want)
 		}
 	}
-	if got := c.taken[0].ranges; len(got) != 2 {
-		t.Errorf("ranges %v, want 5-7 and 9", got)
+	if len(c.taken) != 2 {
+		t.Errorf("ranges %v, want 5-7 and 9", c.taken)
 	}
-	for i := range takenBatches {
-		c.noteTaken([]Message{{Sequence: uint64(100 + i)}}, now)
+	c.noteTaken([]Message{{Sequence: 10}, {Sequence: 11}}, now.Add(time.Second))
+	if len(c.taken) != 2 || c.taken[1].hi != 11 {
+		t.Errorf("ranges %v, want 5-7 and 9-11", c.taken)
 	}
-	taken = c.Taken(time.Minute)
-	if taken(5) || !taken(100) || !taken(100+takenBatches-1) {
-		t.Errorf("the ring kept the wrong batches")
+	c.noteTaken([]Message{{Sequence: 20}}, now.Add(takenKeep+time.Millisecond))
+	if len(c.taken) != 2 || c.taken[0].lo != 9 {
+		t.Errorf("after takenKeep: ranges %v, want 9-11 and 20", c.taken)
+	}
+	at := now.Add(takenKeep)
+	for i := range maxTakenRanges + 10 {
+		c.noteTaken([]Message{{Sequence: uint64(100 + 2*i)}}, at)
+	}
+	if len(c.taken) != maxTakenRanges || c.taken[0].lo != uint64(100+20) {
+		t.Errorf("%d ranges from %d, want %d from %d", len(c.taken), c.taken[0].lo, maxTakenRanges, 100+20)
 	}
 }
 

@@ -20,7 +20,9 @@ import (
 // writes the keys of settled leases (acked, or given back as a fresh copy) in batches a few
 // times a second, and a marker when it closes with nothing left leased; every replica follows
 // the log and keeps Window of it in memory. So a crash redelivers at most the last FlushEvery of
-// settled leases, and a graceful stop none.
+// settled leases, and a graceful stop none. The owner also writes the sequence ranges of the
+// copies it took from the queue, which the next owner drops if KubeMQ hands them out again
+// (NoteTaken).
 
 // Key is an owner id or a lease key (16 random bytes, as the delivery engine mints them).
 type Key = [16]byte
@@ -43,7 +45,10 @@ type ackEvent struct {
 	Queue  string   `json:"q,omitempty"` // informative
 	Keys   []string `json:"k,omitempty"` // base64 lease keys settled
 	Closed bool     `json:"c,omitempty"` // the owner closed with nothing leased
-	Sync   string   `json:"s,omitempty"`
+	// Taken is sequence ranges (first, last) of Queue's copies the owner took from KubeMQ and
+	// acknowledged: the next owner's first Gets may receive some of them again (NoteTaken).
+	Taken [][2]uint64 `json:"t,omitempty"`
+	Sync  string      `json:"s,omitempty"`
 }
 
 // AckLog writes and follows the acknowledgement log. Safe for concurrent use.
@@ -53,8 +58,9 @@ type AckLog struct {
 
 	// mu guards everything below.
 	mu      sync.Mutex
-	pending map[Key]*pendingAcks // by owner: not yet written
-	owners  map[Key]*ownerAcks   // read from the log, within the window
+	pending map[Key]*pendingAcks   // by owner: not yet written
+	owners  map[Key]*ownerAcks     // read from the log, within the window
+	taken   map[string][]takenRead // by queue: ranges read from the log, within the window
 	syncs   map[string]chan struct{}
 	lastSeq uint64
 	ready   chan struct{} // closed once the window before start has been read
@@ -73,7 +79,17 @@ type AckLog struct {
 type pendingAcks struct {
 	queue string
 	keys  []Key
+	taken [][2]uint64
 }
+
+// takenRead is one range of taken sequences read from the log.
+type takenRead struct {
+	lo, hi uint64
+	at     time.Time // local time it was read
+}
+
+// maxTaken bounds the ranges kept per queue, and written in one event.
+const maxTaken = 4096
 
 // ownerAcks is what one owner settled within the window: the keys as read, in batches (16
 // bytes a key), and an index of them built at the first lookup. Lookups are rare (records of
@@ -132,6 +148,7 @@ func OpenAckLog(opts AckLogOptions) (*AckLog, error) {
 		log:     opts.Logger.Named("acklog"),
 		pending: map[Key]*pendingAcks{},
 		owners:  map[Key]*ownerAcks{},
+		taken:   map[string][]takenRead{},
 		syncs:   map[string]chan struct{}{},
 		ready:   make(chan struct{}),
 		started: randomID(),
@@ -165,6 +182,40 @@ func (a *AckLog) Settle(queue string, owner Key, keys ...Key) {
 		default:
 		}
 	}
+}
+
+// NoteTaken records that owner took queue's copies lo..hi (sequences) from KubeMQ and
+// acknowledged them. It returns at once; the range is written within FlushEvery. On the real
+// KubeMQ an acknowledgement can lose a race with its transaction's close, and the queue's next
+// Get, which after a handover is the next owner's, receives the message again under its
+// sequence (docs/kubemq.md 10.4): the next owner drops those (TakenOf).
+func (a *AckLog) NoteTaken(queue string, owner Key, lo, hi uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pending[owner]
+	if p == nil {
+		p = &pendingAcks{queue: queue}
+		a.pending[owner] = p
+	}
+	if n := len(p.taken); n > 0 && lo >= p.taken[n-1][0] && lo <= p.taken[n-1][1]+1 {
+		p.taken[n-1][1] = max(p.taken[n-1][1], hi)
+		return
+	}
+	p.taken = append(p.taken, [2]uint64{lo, hi})
+}
+
+// TakenOf reports the ranges of queue's sequences that owners noted taken (NoteTaken), read
+// from the log at or after since.
+func (a *AckLog) TakenOf(queue string, since time.Time) [][2]uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out [][2]uint64
+	for _, r := range a.taken[queue] {
+		if !r.at.Before(since) {
+			out = append(out, [2]uint64{r.lo, r.hi})
+		}
+	}
+	return out
 }
 
 // Retire writes what is pending for owner, then the marker that owner closed with every lease
@@ -256,16 +307,21 @@ func (a *AckLog) flushOwnerLocked(ctx context.Context, owner Key) error {
 	if p == nil {
 		return nil
 	}
-	for len(p.keys) > 0 {
+	for len(p.keys) > 0 || len(p.taken) > 0 {
 		n := min(len(p.keys), maxBatch)
-		ev := ackEvent{Owner: b64(owner), Queue: p.queue, Keys: make([]string, n)}
+		ev := ackEvent{Owner: b64(owner), Queue: p.queue}
+		if n > 0 {
+			ev.Keys = make([]string, n)
+		}
 		for i, k := range p.keys[:n] {
 			ev.Keys[i] = b64(k)
 		}
+		m := min(len(p.taken), maxTaken)
+		ev.Taken = p.taken[:m]
 		if err := a.publish(ctx, ev); err != nil {
 			return err
 		}
-		p.keys = p.keys[n:]
+		p.keys, p.taken = p.keys[n:], p.taken[m:]
 	}
 	return nil
 }
@@ -330,6 +386,18 @@ func (a *AckLog) prune() {
 		}
 		if i > 0 {
 			o.batches = append(o.batches[:0:0], o.batches[i:]...)
+		}
+	}
+	for q, rs := range a.taken {
+		i := 0
+		for i < len(rs) && rs[i].at.Before(cut) {
+			i++
+		}
+		switch {
+		case i == len(rs):
+			delete(a.taken, q)
+		case i > 0:
+			a.taken[q] = append(rs[:0:0], rs[i:]...)
 		}
 	}
 }
@@ -422,6 +490,18 @@ func (a *AckLog) apply(seq uint64, ev *ackEvent) {
 	}
 	now := time.Now()
 	o.last = now
+	if len(ev.Taken) > 0 && ev.Queue != "" {
+		rs := a.taken[ev.Queue]
+		for _, r := range ev.Taken {
+			if r[0] != 0 && r[0] <= r[1] {
+				rs = append(rs, takenRead{lo: r[0], hi: r[1], at: now})
+			}
+		}
+		if over := len(rs) - maxTaken; over > 0 {
+			rs = append(rs[:0:0], rs[over:]...)
+		}
+		a.taken[ev.Queue] = rs
+	}
 	if ev.Closed {
 		o.closed = true
 		o.batches, o.index = nil, nil // everything of it is settled

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"slices"
 	"testing"
 	"time"
 
@@ -87,5 +88,40 @@ func TestAckLogForgetsAfterTheWindow(t *testing.T) {
 			t.Fatal("a settlement outlived its window")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAckLogTakenReachesOtherReplicas: the sequence ranges an owner notes taken reach another
+// replica, merged where they follow each other, and one that starts later; TakenOf reads them
+// by queue and by when they were read.
+func TestAckLogTakenReachesOtherReplicas(t *testing.T) {
+	e := newTestEnv(t)
+	a, b := e.ackLog(time.Minute), e.ackLog(time.Minute)
+	x := newKey()
+	a.NoteTaken("q", x, 1, 10)
+	a.NoteTaken("q", x, 11, 20) // follows: one range
+	a.NoteTaken("q", x, 30, 30)
+	a.NoteTaken("other", newKey(), 5, 6)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Retire(ctx, "q", x); err != nil {
+		t.Fatal(err)
+	}
+	syncAcks(t, a) // writes the other owner's range too
+	syncAcks(t, b)
+	want := [][2]uint64{{1, 20}, {30, 30}}
+	if got := b.TakenOf("q", time.Now().Add(-time.Minute)); !slices.Equal(got, want) {
+		t.Fatalf("TakenOf(q) = %v, want %v", got, want)
+	}
+	if got := b.TakenOf("q", time.Now().Add(time.Second)); len(got) != 0 {
+		t.Fatalf("TakenOf(q) since later = %v, want none", got)
+	}
+	if got := b.TakenOf("none", time.Now().Add(-time.Minute)); len(got) != 0 {
+		t.Fatalf("TakenOf(none) = %v", got)
+	}
+	c := e.ackLog(time.Minute)
+	syncAcks(t, c)
+	if got := c.TakenOf("other", time.Now().Add(-time.Minute)); !slices.Equal(got, [][2]uint64{{5, 6}}) {
+		t.Fatalf("a later replica reads TakenOf(other) = %v", got)
 	}
 }

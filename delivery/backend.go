@@ -49,6 +49,19 @@ type Settlements interface {
 	Sync(ctx context.Context) error
 }
 
+// TakenLog is an optional interface of Settlements (cluster.AckLog has it). With it a Consumer
+// writes there the sequence ranges of the queue's copies it takes and acknowledges, and a new
+// Consumer reads them before its first Get and drops copies of them that KubeMQ hands out
+// again (taken.go): after a handover, the real KubeMQ's next Get, now the new owner's, can
+// receive messages the last owner acknowledged.
+type TakenLog interface {
+	// NoteTaken records that owner took queue's copies lo..hi and acknowledged them; it must
+	// not block.
+	NoteTaken(queue string, owner [16]byte, lo, hi uint64)
+	// TakenOf reports the ranges of queue noted taken, as read at or after since.
+	TakenOf(queue string, since time.Time) [][2]uint64
+}
+
 // Owners decides which process consumes each queue when several share one KubeMQ
 // (cluster.Cluster does, through an adapter). A Manager with Owners claims a queue before it
 // starts its Consumer, gives the Consumer up when the holding is lost, and releases the holding

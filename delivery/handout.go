@@ -90,11 +90,16 @@ func (c *Consumer) removeWaiterLocked(w *waiter) {
 // demandLocked is how many more messages the waiters want than the ready buffer holds.
 func (c *Consumer) demandLocked() int { return c.want - len(c.ready) }
 
-// serveLocked hands ready leases to waiters, first come first served.
+// serveLocked hands ready leases to waiters, first come first served. When several wait (the
+// StreamingPull streams and Pulls of one subscription, forwarded from other replicas or not), a
+// batch is shared out evenly among them rather than going whole to the first: otherwise each
+// Get's batch (up to MaxBatch) goes to one stream, and the split between the consumers is
+// decided a batch at a time.
 func (c *Consumer) serveLocked(now time.Time) {
 	for len(c.waiters) > 0 && len(c.ready) > 0 {
 		w := c.waiters[0]
-		k := min(w.max, len(c.ready))
+		n := len(c.waiters)
+		k := min(w.max, (len(c.ready)+n-1)/n)
 		ds := make([]*Delivery, k)
 		for i := range k {
 			ds[i] = c.handOutLocked(c.ready[i], w, now)

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -15,6 +16,7 @@ type fakeSettlements struct {
 	keys    map[[16]byte]map[[16]byte]bool
 	retired map[[16]byte]bool
 	syncs   int
+	taken   map[string][][2]uint64 // TakenLog: by queue, as noted
 }
 
 func newFakeSettlements() *fakeSettlements {
@@ -43,6 +45,21 @@ func (s *fakeSettlements) Settled(owner, key [16]byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.retired[owner] || s.keys[owner][key]
+}
+
+func (s *fakeSettlements) NoteTaken(queue string, owner [16]byte, lo, hi uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.taken == nil {
+		s.taken = map[string][][2]uint64{}
+	}
+	s.taken[queue] = append(s.taken[queue], [2]uint64{lo, hi})
+}
+
+func (s *fakeSettlements) TakenOf(queue string, since time.Time) [][2]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.taken[queue])
 }
 
 func (s *fakeSettlements) Sync(ctx context.Context) error {

@@ -91,6 +91,10 @@ func (c *Consumer) pollLoop() {
 			}
 			cancel()
 			synced = true
+			if tl, ok := c.opts.Settlements.(TakenLog); ok {
+				now := time.Now()
+				c.seedTaken(tl.TakenOf(c.queue, now.Add(-takenKeep)), now)
+			}
 		}
 		if c.staleStream.Swap(false) {
 			closeStream() // opened before an outage: replace it rather than fail on it

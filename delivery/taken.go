@@ -56,6 +56,19 @@ func (c *Consumer) noteTaken(msgs []Message, now time.Time) {
 		return
 	}
 	slices.Sort(seqs)
+	if tl, ok := c.opts.Settlements.(TakenLog); ok {
+		c.mu.Lock()
+		owner := c.owner
+		c.mu.Unlock()
+		for i := 0; i < len(seqs); {
+			j := i + 1
+			for j < len(seqs) && seqs[j] <= seqs[j-1]+1 {
+				j++
+			}
+			tl.NoteTaken(c.queue, owner, seqs[i], seqs[j-1])
+			i = j
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range seqs {
@@ -120,4 +133,20 @@ func (t takenSet) has(seq uint64) bool {
 		}
 	}
 	return false
+}
+
+// seedTaken adds the ranges the queue's earlier owners noted taken (TakenLog), read before the
+// first Get, as taken now.
+func (c *Consumer) seedTaken(rs [][2]uint64, now time.Time) {
+	if len(rs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range rs[max(len(rs)-maxTakenRanges, 0):] {
+		c.taken = append(c.taken, takenRange{lo: r[0], hi: r[1], at: now.UnixNano()})
+	}
+	if over := len(c.taken) - maxTakenRanges; over > 0 {
+		c.taken = slices.Delete(c.taken, 0, over)
+	}
 }

@@ -149,3 +149,45 @@ func TestBrokenStreamForgetsTaken(t *testing.T) {
 		t.Error("a sequence taken before the broken stream is still reported taken")
 	}
 }
+
+// TestTakenPassesToTheNextOwner: with a TakenLog, a Consumer notes the sequence ranges it takes
+// there, and the queue's next Consumer drops copies of them that KubeMQ hands out again (the
+// real server's settlement race across a handover), delivering everything else.
+func TestTakenPassesToTheNextOwner(t *testing.T) {
+	f := newFakeKubeMQ(t)
+	st := newFakeSettlements()
+	a, _ := newTestConsumer(t, f, Options{Settlements: st})
+	f.send(t, testQueue, ids(10, "a")...)
+	out := fetchFor(t, a, 10, 10*time.Second)
+	if len(out) != 10 {
+		t.Fatalf("fetched %d of 10", len(out))
+	}
+	a.Ack(leaseIDs(out)...)
+	closeConsumer(t, a)
+	noted := st.TakenOf(testQueue, time.Time{})
+	if len(noted) == 0 {
+		t.Fatal("the first Consumer noted nothing taken")
+	}
+	// KubeMQ hands three of the acknowledged copies out again, under their sequences.
+	f.mu.Lock()
+	q := f.queue(testQueue)
+	for _, d := range out[:3] {
+		q.ready = append(q.ready, Message{ID: d.MessageID, Sequence: d.Sequence, Body: d.Body})
+	}
+	f.mu.Unlock()
+	f.send(t, testQueue, ids(5, "b")...)
+	b, _ := newTestConsumer(t, f, Options{Settlements: st})
+	defer closeConsumer(t, b)
+	got := fetchFor(t, b, 6, 3*time.Second)
+	if len(got) != 5 {
+		t.Errorf("the next Consumer delivered %d messages, want the 5 new ones", len(got))
+	}
+	for _, d := range got {
+		if d.MessageID[0] != 'b' {
+			t.Errorf("the next Consumer delivered %s again", d.MessageID)
+		}
+	}
+	if n := b.Stats().Retaken; n != 3 {
+		t.Errorf("Retaken %d, want 3", n)
+	}
+}

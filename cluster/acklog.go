@@ -88,8 +88,12 @@ type takenRead struct {
 	at     time.Time // local time it was read
 }
 
-// maxTaken bounds the ranges kept per queue, and written in one event.
-const maxTaken = 4096
+// maxTaken bounds the ranges kept per queue, and written in one event; takenWindow is how long
+// ranges read are kept (the next owner looks 30 s back: delivery.takenKeep).
+const (
+	maxTaken    = 1024
+	takenWindow = 30 * time.Second
+)
 
 // ownerAcks is what one owner settled within the window: the keys as read, in batches (16
 // bytes a key), and an index of them built at the first lookup. Lookups are rare (records of
@@ -388,6 +392,7 @@ func (a *AckLog) prune() {
 			o.batches = append(o.batches[:0:0], o.batches[i:]...)
 		}
 	}
+	cut = time.Now().Add(-min(a.opts.Window, takenWindow))
 	for q, rs := range a.taken {
 		i := 0
 		for i < len(rs) && rs[i].at.Before(cut) {

@@ -89,6 +89,17 @@ func TestAckLogForgetsAfterTheWindow(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	a.NoteTaken("q", x, 1, 5)
+	syncAcks(t, a)
+	if len(a.TakenOf("q", time.Time{})) != 1 {
+		t.Fatal("a taken range was not read back")
+	}
+	for len(a.TakenOf("q", time.Time{})) != 0 {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("a taken range outlived its window")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestAckLogTakenReachesOtherReplicas: the sequence ranges an owner notes taken reach another

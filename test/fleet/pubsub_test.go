@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 const project = "fleet"
@@ -243,7 +246,7 @@ func (f *fleet) publish(t testing.TB, topic string, n int, fault func()) []strin
 }
 
 // TestPubSubFleet: three replicas (FLEET_REPLICAS), a consumer of one subscription on each, no
-// fault: every message once, and the work shared.
+// fault: every message once, and the work shared within 20 % of even.
 func TestPubSubFleet(t *testing.T) {
 	f := newFleet(t, replicas(t))
 	topic, sub := f.setupPubSub(t)
@@ -253,6 +256,8 @@ func TestPubSubFleet(t *testing.T) {
 	for _, r := range f.replicas {
 		receiveOn(ctx, t, &wg, r, sub, l)
 	}
+	// The split is only fair to judge once every subscriber's stream reached the holder.
+	f.waitStreams(t, sub, len(f.replicas), time.Minute)
 	n := messages(t)
 	start := time.Now()
 	ids := f.publish(t, topic, n, nil)
@@ -267,7 +272,36 @@ func TestPubSubFleet(t *testing.T) {
 	if dups != 0 {
 		t.Errorf("%d duplicate deliveries without any fault", dups)
 	}
+	even := float64(n) / float64(len(f.replicas))
+	for _, r := range f.replicas {
+		if got := float64(l.byReplica[r.name]); math.Abs(got-even) > 0.2*even {
+			t.Errorf("%s got %d deliveries, more than 20%% off an even share (%.0f)", r.name, l.byReplica[r.name], even)
+		}
+	}
 	f.checkProblems()
+}
+
+// waitStreams waits until the replica holding subscription sub counts at least n streams
+// and Pull calls on it (its own clients' and those forwarded to it).
+func (f *fleet) waitStreams(t testing.TB, sub string, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	q := f.subQueue(t, sub)
+	for {
+		h := f.holder(t, q, time.Until(deadline))
+		m, err := proctest.Scrape(h.addr("http"), "kubemq_proxy_gcp_subscription_consumers")
+		if err != nil {
+			t.Fatalf("%s: %v", h.name, err)
+		}
+		got := m["kubemq_proxy_gcp_subscription_consumers"]
+		if got >= float64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder %s counts %v streams on %s after %v, want %d", h.name, got, sub, d, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // TestPubSubFleetKill: a replica is killed (-9) mid-run and started again: nothing is lost.

@@ -52,6 +52,21 @@ func (c *Consumer) noteTaken(msgs []Message, now time.Time) {
 			seqs = append(seqs, s)
 		}
 	}
+	c.noteSeqs(seqs, now)
+}
+
+// NoteTaken records sequences of the queue's copies that another reader took from KubeMQ and
+// acknowledged (a snapshot's capture moving the queue while the Consumer is paused): the
+// Consumer's Gets drop copies of them that KubeMQ hands out again, as they drop copies of its
+// own batches. Only acknowledged copies may be given: a copy given back to the queue keeps its
+// sequence and would be dropped.
+func (c *Consumer) NoteTaken(seqs []uint64) {
+	c.noteSeqs(slices.Clone(seqs), time.Now())
+}
+
+// noteSeqs remembers seqs (sorted here), just acknowledged to KubeMQ.
+func (c *Consumer) noteSeqs(seqs []uint64, now time.Time) {
+	seqs = slices.DeleteFunc(seqs, func(s uint64) bool { return s == 0 })
 	if len(seqs) == 0 {
 		return
 	}

@@ -191,3 +191,20 @@ func TestTakenPassesToTheNextOwner(t *testing.T) {
 		t.Errorf("Retaken %d, want 3", n)
 	}
 }
+
+// TestNoteTakenByAnotherReader: sequences another reader took and acknowledged (NoteTaken)
+// are dropped by the Consumer's Gets as its own are.
+func TestNoteTakenByAnotherReader(t *testing.T) {
+	f := newFakeKubeMQ(t)
+	c, _ := newTestConsumer(t, f, Options{})
+	defer closeConsumer(t, c)
+	f.send(t, testQueue, ids(5, "a")...) // sequences 1..5
+	c.NoteTaken([]uint64{2, 1, 0})
+	got := fetchFor(t, c, 5, 2*time.Second)
+	if len(got) != 3 || got[0].MessageID != "a2" {
+		t.Errorf("delivered %d messages from %v, want a2, a3, a4", len(got), got)
+	}
+	if n := c.Stats().Retaken; n != 2 {
+		t.Errorf("Retaken %d, want 2", n)
+	}
+}

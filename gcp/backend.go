@@ -36,8 +36,9 @@ type backend interface {
 	// move takes every message waiting in queue from and stores it, in
 	// order, in queue to, calling visit (may be nil) with each on the way
 	// (one it does not keep is taken from from and dropped); it reports how
-	// many it moved. Nobody else may read from meanwhile.
-	move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error)) (int, error)
+	// many it moved. Nobody else may read from meanwhile. acked (may be nil)
+	// is given the sequences of each batch once it is acknowledged in from.
+	move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error), acked func(seqs []uint64)) (int, error)
 }
 
 // Batch bounds for one SendQueueMessages call: KubeMQ takes at most 100

@@ -301,7 +301,7 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 	hold := kubemqclient.Channel(snapHoldPrefix, e.id, e.uid)
 	// A capture that failed half-way (or a crash) may have left messages
 	// in the holding queue: they go back first.
-	if _, err := s.be.move(ctx, hold, e.queue, nil); err != nil {
+	if _, err := s.be.move(ctx, hold, e.queue, nil, nil); err != nil {
 		return rec, err
 	}
 	// A copy the engine has taken already, handed to this reader again because the server had
@@ -322,12 +322,12 @@ func (s *Server) capture(ctx context.Context, e *subEntry, uid string) (snapReco
 			return true, nil
 		}
 		return true, add(id, m.Tags)
-	})
+	}, h.Consumer().NoteTaken) // the engine drops copies of them KubeMQ hands out again
 	if err == nil {
 		err = flush()
 	}
 	// Back, whatever happened, so the subscription keeps its backlog.
-	if _, berr := s.be.move(context.WithoutCancel(ctx), hold, e.queue, nil); berr != nil && err == nil {
+	if _, berr := s.be.move(context.WithoutCancel(ctx), hold, e.queue, nil, nil); berr != nil && err == nil {
 		err = berr
 	}
 	if err != nil {

@@ -2,6 +2,8 @@ package gcp
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
@@ -49,8 +51,9 @@ func (b kubemqBackend) readAll(ctx context.Context, channel string, n uint64, fn
 // waits a full second (docs/kubemq.md 8.2, 9.4 rule 4).
 //
 // visit, when set, sees each message first: keep false acknowledges it without storing it
-// in to; an error ends the move with the transaction given back.
-func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error)) (int, error) {
+// in to; an error ends the move with the transaction given back. acked, when set, is given the
+// sequences of each batch once the batch is acknowledged in from.
+func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*kubemqclient.QueueMessage) (keep bool, err error), acked func(seqs []uint64)) (int, error) {
 	known, err := b.waitingIn(ctx, from)
 	if err != nil || known == 0 {
 		return 0, err
@@ -135,6 +138,9 @@ func (b kubemqBackend) move(ctx context.Context, from, to string, visit func(*ku
 		}
 		if err := d.AckAll(tx.ID); err != nil {
 			return n, err
+		}
+		if acked != nil && len(batch) > 0 {
+			acked(slices.Collect(maps.Keys(batch)))
 		}
 		recent[next%len(recent)] = batch
 		next++

@@ -32,9 +32,10 @@ type Proc struct {
 	logPath string
 	done    chan struct{} // closed once the log is read to its end and the process has exited
 
-	mu       sync.Mutex // guards addrs and problems, written by the log reader
+	mu       sync.Mutex // guards addrs and problems, written by the log reader, and killed
 	addrs    map[string]string
 	problems []string
+	killed   time.Time // when Kill sent SIGKILL
 }
 
 // Start runs the binary bin with args in dir, until every listener named
@@ -168,8 +169,18 @@ func (p *Proc) Kill() {
 		return
 	default:
 	}
+	p.mu.Lock()
+	p.killed = time.Now()
+	p.mu.Unlock()
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+}
+
+// KilledAt is when Kill sent SIGKILL to the process (zero if it never did).
+func (p *Proc) KilledAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.killed
 }
 
 // Stop sends SIGTERM and waits up to d for a graceful exit. A non-zero exit

@@ -64,39 +64,47 @@ func (c *Consumer) NoteTaken(seqs []uint64) {
 	c.noteSeqs(slices.Clone(seqs), time.Now())
 }
 
-// noteSeqs remembers seqs (sorted here), just acknowledged to KubeMQ.
+// noteSeqs remembers seqs (sorted here), just acknowledged to KubeMQ, and writes them to the
+// TakenLog if there is one.
 func (c *Consumer) noteSeqs(seqs []uint64, now time.Time) {
 	seqs = slices.DeleteFunc(seqs, func(s uint64) bool { return s == 0 })
 	if len(seqs) == 0 {
 		return
 	}
 	slices.Sort(seqs)
-	if tl, ok := c.opts.Settlements.(TakenLog); ok {
-		c.mu.Lock()
-		owner := c.owner
-		c.mu.Unlock()
-		for i := 0; i < len(seqs); {
-			j := i + 1
-			for j < len(seqs) && seqs[j] <= seqs[j-1]+1 {
-				j++
-			}
-			tl.NoteTaken(c.queue, owner, seqs[i], seqs[j-1])
-			i = j
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	var runs [][2]uint64 // consecutive sequences, as first and last
 	for _, s := range seqs {
-		if n := len(c.taken); n > 0 && s >= c.taken[n-1].lo && s <= c.taken[n-1].hi+1 {
-			last := &c.taken[n-1]
-			last.hi = max(last.hi, s)
-			last.at = now.UnixNano()
+		if n := len(runs); n > 0 && s <= runs[n-1][1]+1 {
+			runs[n-1][1] = max(runs[n-1][1], s)
 			continue
 		}
-		c.taken = append(c.taken, takenRange{lo: s, hi: s, at: now.UnixNano()})
+		runs = append(runs, [2]uint64{s, s})
 	}
-	// Forget what is past takenKeep, and the oldest ranges past the bound. A range's time is
-	// its last acknowledgement, so ranges are kept in time order.
+	c.mu.Lock()
+	owner := c.owner
+	c.addTakenLocked(runs, now)
+	c.mu.Unlock()
+	if tl, ok := c.opts.Settlements.(TakenLog); ok {
+		for _, r := range runs {
+			tl.NoteTaken(c.queue, owner, r[0], r[1])
+		}
+	}
+}
+
+// addTakenLocked adds runs, taken at now, merging a run into the last range it continues, and
+// forgets what is past takenKeep and the oldest ranges past maxTakenRanges. A range's time is
+// its last acknowledgement, so ranges stay in time order. c.mu must be held.
+func (c *Consumer) addTakenLocked(runs [][2]uint64, now time.Time) {
+	at := now.UnixNano()
+	for _, r := range runs {
+		if n := len(c.taken); n > 0 && r[0] >= c.taken[n-1].lo && r[0] <= c.taken[n-1].hi+1 {
+			last := &c.taken[n-1]
+			last.hi = max(last.hi, r[1])
+			last.at = at
+			continue
+		}
+		c.taken = append(c.taken, takenRange{lo: r[0], hi: r[1], at: at})
+	}
 	drop := max(len(c.taken)-maxTakenRanges, 0)
 	cut := now.Add(-takenKeep).UnixNano()
 	for drop < len(c.taken) && c.taken[drop].at < cut {
@@ -153,15 +161,7 @@ func (t takenSet) has(seq uint64) bool {
 // seedTaken adds the ranges the queue's earlier owners noted taken (TakenLog), read before the
 // first Get, as taken now.
 func (c *Consumer) seedTaken(rs [][2]uint64, now time.Time) {
-	if len(rs) == 0 {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, r := range rs[max(len(rs)-maxTakenRanges, 0):] {
-		c.taken = append(c.taken, takenRange{lo: r[0], hi: r[1], at: now.UnixNano()})
-	}
-	if over := len(c.taken) - maxTakenRanges; over > 0 {
-		c.taken = slices.Delete(c.taken, 0, over)
-	}
+	c.addTakenLocked(rs, now)
 }

@@ -158,6 +158,9 @@ func (p *Proc) Addr(listener string) string {
 	return p.addrs[listener]
 }
 
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // Signal sends sig to the process (e.g. SIGHUP for a reload).
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 

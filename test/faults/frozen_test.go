@@ -87,23 +87,87 @@ func (e *env) stopRealServer() {
 }
 
 // signalBackend sends sig to the run's own backend process: the real server
-// (its pid file) or the embedded one.
+// (its pid file) or the embedded one. For SIGSTOP it returns once every thread
+// of the process is stopped: kill(2) only queues the signal, and a request
+// that reaches the backend in the moments before its threads stop is still
+// answered, so a probe sent right after the call could otherwise be acked.
 func (e *env) signalBackend(sig syscall.Signal) error {
+	pid, err := e.backendPid()
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return err
+	}
+	if sig == syscall.SIGSTOP {
+		return waitStopped(pid, 5*time.Second)
+	}
+	return nil
+}
+
+// backendPid is the process id of the run's own backend.
+func (e *env) backendPid() (int, error) {
 	if e.realDir != "" {
 		raw, err := os.ReadFile(filepath.Join(e.realDir, "pid"))
 		if err != nil {
-			return err
+			return 0, err
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 		if err != nil {
-			return fmt.Errorf("pid file: %w", err)
+			return 0, fmt.Errorf("pid file: %w", err)
 		}
-		return syscall.Kill(pid, sig)
+		return pid, nil
 	}
 	if e.backend != nil {
-		return e.backend.Signal(sig)
+		return e.backend.Pid(), nil
 	}
-	return errors.New("the run has no backend process of its own")
+	return 0, errors.New("the run has no backend process of its own")
+}
+
+// waitStopped polls /proc until every thread of pid is in the stopped state
+// ("T"), for at most d.
+func waitStopped(pid int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		running, err := runningThreads(pid)
+		if err != nil {
+			return err
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d: %d threads still not stopped %v after SIGSTOP", pid, running, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads of pid whose state is not "T" (stopped).
+func runningThreads(pid int) (int, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	running := 0
+	for _, task := range tasks {
+		raw, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			continue // the thread exited
+		}
+		// The state follows the command name, which is in parentheses and
+		// may itself hold spaces or parentheses.
+		stat := string(raw)
+		i := strings.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			return 0, fmt.Errorf("%s/%s/stat: unexpected format", dir, task.Name())
+		}
+		if stat[i+2] != 'T' {
+			running++
+		}
+	}
+	return running, nil
 }
 
 // readyz returns the proxy's /readyz status code (0 when it does not answer).

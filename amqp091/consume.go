@@ -124,6 +124,9 @@ func (ch *channel) consume(m *wire.BasicConsume) error {
 		cs.d = q.disp
 	}
 	vh.mu.Unlock()
+	if q.autoDelete {
+		c.srv.usesChanged()
+	}
 	var l *fwdLink
 	if h == nil {
 		// Another replica holds the queue: the consumer is forwarded to it.

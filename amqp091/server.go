@@ -258,6 +258,9 @@ func New(opts Options) (*Server, error) {
 		_ = opts.Metrics.Register(queueCollector{s}) // a second Server on one registry (tests) goes without
 	}
 	if s.top.sharesTransient() {
+		if fu, ok := opts.Fleet.(fleetUses); ok {
+			fu.ReportUses(s.localUses)
+		}
 		s.wg.Add(1)
 		go s.sweepLoop()
 	}

@@ -70,6 +70,7 @@ type sweeper struct {
 	since   time.Time            // when Alive was first known
 	seen    map[string]time.Time // replica id -> last time it was alive
 	exOwned map[string]bool      // record keys of exchanges declared (or taken over) by this process
+	orphans map[string]bool      // the channels Fleet.Orphaned named at the last sweep (orphans.go)
 }
 
 // sharesTransient reports whether non-durable topology is written to the
@@ -229,6 +230,9 @@ func (t *topology) sweep(now time.Time) {
 
 	if !leader {
 		return
+	}
+	if fu, ok := f.(fleetUses); ok {
+		t.sweepOrphans(fu)
 	}
 	// Bindings whose ends are gone (a replica died between deleting an end
 	// and the binding's tombstone).

@@ -109,7 +109,15 @@ type logEvent struct {
 	Nonce   string `json:"s,omitempty"` // sync
 	Lease   int64  `json:"l,omitempty"` // claim, hb: the sender's lease in ms (informative)
 	Stop    bool   `json:"x,omitempty"` // hb: the replica is leaving (no further heartbeats)
-	Version int    `json:"v,omitempty"` // format version (1)
+	// Inc names the sender's process (random per Open): a replica id heard under a new one
+	// restarted.
+	Inc string `json:"i,omitempty"`
+	// Uses (hb, the first event of a heartbeat, with UsesSet) are the queues the sender's
+	// clients consume (ReportUses); UsesAll says there were more than one event holds.
+	Uses    []string `json:"u,omitempty"`
+	UsesSet bool     `json:"us,omitempty"`
+	UsesAll bool     `json:"ua,omitempty"`
+	Version int      `json:"v,omitempty"` // format version (1)
 }
 
 type hold struct {
@@ -129,6 +137,14 @@ type member struct {
 	addr string
 	last time.Time
 	gone bool
+	inc  string
+	// first is the log time of its first event this view read from its current process.
+	first time.Time
+	// uses are the queues its clients consumed as of its latest heartbeat that named them
+	// (usesKnown); usesAll: more than a heartbeat names.
+	uses      []string
+	usesKnown bool
+	usesAll   bool
 }
 
 // Ownership is this replica's holding of one queue. Its user consumes the queue only until Lost
@@ -185,8 +201,14 @@ type Cluster struct {
 	// maybe blocks claims of a queue: a claim was read whose outcome this view cannot know (it
 	// came too early in the view's window, or was blocked itself), and if it was accepted its
 	// holder may not have heartbeated yet.
-	maybe        map[string]unknownClaim
-	members      map[string]*member
+	maybe   map[string]unknownClaim
+	members map[string]*member
+	// orphans are the queues a replica's earlier process consumed when it was heard under a
+	// new one (it restarted without a clean stop), with the log time of that.
+	orphans      map[string]orphan
+	inc          string
+	usesFn       func() []string
+	kick         chan struct{} // cap 1: heartbeat now (UsesChanged)
 	owned        map[string]*Ownership
 	sent         map[uint64]time.Time // own claim/heartbeat counter -> local send time
 	pending      map[uint64]chan claimResult
@@ -229,6 +251,9 @@ func Open(opts Options) (*Cluster, error) {
 		holders:  map[string]*holding{},
 		maybe:    map[string]unknownClaim{},
 		members:  map[string]*member{},
+		orphans:  map[string]orphan{},
+		inc:      randomID(),
+		kick:     make(chan struct{}, 1),
 		owned:    map[string]*Ownership{},
 		sent:     map[uint64]time.Time{},
 		pending:  map[uint64]chan claimResult{},
@@ -455,6 +480,7 @@ func (c *Cluster) publish(ctx context.Context, ev logEvent) error {
 	ev.Addr = c.opts.Advertise
 	ev.Version = 1
 	ev.Lease = c.opts.Lease.Milliseconds()
+	ev.Inc = c.inc
 	body, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -471,13 +497,23 @@ func (c *Cluster) heartbeat() {
 	defer c.wg.Done()
 	t := time.NewTicker(c.opts.Heartbeat)
 	defer t.Stop()
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// UsesChanged may ask for the next one early, at most ten times a Heartbeat.
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(c.opts.Heartbeat / 10):
+			}
+		}
 		select {
 		case <-c.ctx.Done():
 			return
 		case <-t.C:
+		case <-c.kick:
 		}
 		c.mu.Lock()
+		c.pruneMembersLocked()
 		c.counter++
 		n := c.counter
 		holds := make([]hold, 0, len(c.owned))
@@ -485,6 +521,7 @@ func (c *Cluster) heartbeat() {
 			holds = append(holds, hold{Queue: o.queue, Claim: o.claim})
 		}
 		mute := c.mute
+		usesFn := c.usesFn
 		c.sent[n] = time.Now()
 		// Send times older than a lease can no longer confirm anything.
 		for k, at := range c.sent {
@@ -497,10 +534,22 @@ func (c *Cluster) heartbeat() {
 			continue
 		}
 		sort.Slice(holds, func(i, j int) bool { return holds[i].Queue < holds[j].Queue })
+		var uses []string
+		usesAll := false
+		if usesFn != nil {
+			if uses = usesFn(); len(uses) > maxHoldsPerEvent {
+				uses, usesAll = nil, true
+			}
+			sort.Strings(uses)
+		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.opts.Heartbeat)
 		for first := true; first || len(holds) > 0; first = false {
 			k := min(len(holds), maxHoldsPerEvent)
-			if err := c.publish(ctx, logEvent{Kind: "hb", Holds: holds[:k], N: n}); err != nil {
+			ev := logEvent{Kind: "hb", Holds: holds[:k], N: n}
+			if first && usesFn != nil {
+				ev.Uses, ev.UsesSet, ev.UsesAll = uses, true, usesAll
+			}
+			if err := c.publish(ctx, ev); err != nil {
 				if c.ctx.Err() == nil {
 					c.log.Warn("heartbeat not written", zap.Error(err))
 				}
@@ -512,8 +561,112 @@ func (c *Cluster) heartbeat() {
 	}
 }
 
-// maxHoldsPerEvent bounds one heartbeat event (about 100 bytes per holding).
+// maxHoldsPerEvent bounds one heartbeat event (about 100 bytes per holding), and the uses it
+// names.
 const maxHoldsPerEvent = 2000
+
+// ReportUses sets the function each heartbeat calls for the queues this replica's clients
+// consume, for Orphaned. Set it before the first heartbeat, or the replicas that judge orphans
+// wait for the next one.
+func (c *Cluster) ReportUses(f func() []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.usesFn = f
+}
+
+// UsesChanged asks for a heartbeat now, rather than at the next tick: the queues this replica's
+// clients consume changed, and a crash before the next tick would leave a new one unreported.
+func (c *Cluster) UsesChanged() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Orphaned returns the queues whose consumers ended with a replica that died while other replicas
+// lived on: the replica's last heartbeat named them (ReportUses), and the latest heartbeat of no
+// replica that may be alive names them. A replica counts as dead once it has been silent for twice the lease, or at once
+// when it is heard under a new process without having stopped cleanly; its queues are returned
+// for two leases after that. Nothing is returned while any replica that may be alive has not
+// reported its uses (an earlier version, or just started) or had more than a heartbeat names,
+// or before the log has been read up to now.
+func (c *Cluster) Orphaned() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ready {
+		return nil
+	}
+	live := map[string]bool{}
+	cand := map[string]bool{}
+	for id, m := range c.members {
+		silent := c.logTime.Sub(m.last)
+		switch {
+		case m.gone:
+		case silent <= 2*c.opts.Lease:
+			if !m.usesKnown || m.usesAll {
+				return nil
+			}
+			for _, q := range m.uses {
+				live[q] = true
+			}
+		case silent <= 4*c.opts.Lease && c.survivedLocked(id, m.last, m.last):
+			for _, q := range m.uses {
+				cand[q] = true
+			}
+		}
+	}
+	for q, o := range c.orphans {
+		if c.logTime.Sub(o.at) > 2*c.opts.Lease {
+			delete(c.orphans, q)
+			continue
+		}
+		if c.survivedLocked(o.replica, o.last, o.at) {
+			cand[q] = true
+		}
+	}
+	var out []string
+	for q := range cand {
+		if !live[q] {
+			out = append(out, q)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// orphan is a queue an earlier process of replica consumed, found when the replica was heard
+// under a new one (at); last is the earlier process's last event.
+type orphan struct {
+	at      time.Time
+	replica string
+	last    time.Time
+}
+
+// survivedLocked reports whether a replica other than id was heard from before id's process
+// ended (its last event), again after the end was known (after), and heartbeats still (within
+// three heartbeats): the fleet outlived that process. A lone replica that crashes and starts
+// again is a whole broker restarting, which keeps its queues, and so is a whole fleet.
+func (c *Cluster) survivedLocked(id string, last, after time.Time) bool {
+	for oid, o := range c.members {
+		if oid != id && !o.gone && !o.first.After(last) && o.last.After(after) && c.logTime.Sub(o.last) <= 3*c.opts.Heartbeat {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneMembersLocked forgets replicas silent for memberMemory: their holdings lapsed long ago,
+// and a replica id that changes with each start would otherwise add one for good each time.
+func (c *Cluster) pruneMembersLocked() {
+	for id, m := range c.members {
+		if id != c.opts.ReplicaID && c.logTime.Sub(m.last) > memberMemory*c.opts.Lease {
+			delete(c.members, id)
+		}
+	}
+}
+
+// memberMemory is how many leases a silent replica is remembered.
+const memberMemory = 16
 
 // watchLeases ends holdings whose renewal was not confirmed in time.
 func (c *Cluster) watchLeases() {
@@ -690,10 +843,27 @@ func (c *Cluster) applyLocked(seq uint64, ts time.Time, ev *logEvent) {
 	if ev.Replica != "" {
 		m := c.members[ev.Replica]
 		if m == nil {
-			m = &member{}
+			m = &member{first: ts}
 			c.members[ev.Replica] = m
 		}
+		if ev.Inc != "" && m.inc != "" && ev.Inc != m.inc {
+			// The replica restarted. Unless it stopped cleanly, its earlier process's
+			// clients went with it.
+			if !m.gone {
+				for _, q := range m.uses {
+					c.orphans[q] = orphan{at: ts, replica: ev.Replica, last: m.last}
+				}
+			}
+			m.uses, m.usesKnown, m.usesAll = nil, false, false
+			m.first = ts
+		}
+		if ev.Inc != "" {
+			m.inc = ev.Inc
+		}
 		m.addr, m.last, m.gone = ev.Addr, ts, ev.Stop
+		if ev.UsesSet {
+			m.uses, m.usesKnown, m.usesAll = ev.Uses, true, ev.UsesAll
+		}
 	}
 	switch ev.Kind {
 	case "claim":

@@ -330,3 +330,123 @@ func (c *Cluster) kill() {
 	c.cancel()
 	c.wg.Wait()
 }
+
+// uses makes a replica report a fixed set of consumed queues.
+func uses(qs ...string) func(*Cluster) {
+	return func(c *Cluster) { c.ReportUses(func() []string { return append([]string(nil), qs...) }) }
+}
+
+// waitOrphaned polls c.Orphaned until it equals want (in order), for at most d, and returns how
+// long that took.
+func waitOrphaned(t *testing.T, c *Cluster, d time.Duration, want ...string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		got := c.Orphaned()
+		if fmt.Sprint(got) == fmt.Sprint(want) && (len(got) > 0) == (len(want) > 0) {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("%s: orphaned %q after %v, want %q", c.ID(), got, d, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A replica that dies leaves the queues only its clients consumed orphaned, once it has been
+// silent for two leases, and for two leases after that; a queue another replica's clients still
+// consume is not.
+func TestOrphanedAfterACrash(t *testing.T) {
+	e := newTestEnv(t)
+	a, b, c := e.replica("a"), e.replica("b"), e.replica("c")
+	uses("q1", "q2")(a)
+	uses("q2")(b)
+	uses()(c)
+	time.Sleep(3 * a.opts.Heartbeat) // every replica has reported its uses
+	for _, v := range []*Cluster{a, b, c} {
+		if got := v.Orphaned(); len(got) != 0 {
+			t.Fatalf("%s: orphaned %q while everybody is alive", v.ID(), got)
+		}
+	}
+	a.kill()
+	took := waitOrphaned(t, b, 4*a.Lease(), "q1")
+	if took < 2*a.Lease()-2*a.opts.Heartbeat {
+		t.Fatalf("orphaned %v after the replica died, before two leases (%v)", took, 2*a.Lease())
+	}
+	waitOrphaned(t, c, time.Second, "q1")
+	t.Logf("orphaned %v after the replica died (lease %v)", took, a.Lease())
+	waitOrphaned(t, b, 3*a.Lease())
+}
+
+// A replica heard under a new process without a clean stop orphans its earlier clients' queues at
+// once; a clean stop orphans nothing.
+func TestOrphanedAtRestart(t *testing.T) {
+	e := newTestEnv(t)
+	a, b := e.replica("a"), e.replica("b")
+	uses("q1")(a)
+	uses()(b)
+	time.Sleep(3 * a.opts.Heartbeat)
+	a.kill()
+	a2 := e.replica("a")
+	uses()(a2)
+	took := waitOrphaned(t, b, 2*a.Lease(), "q1")
+	if took > a.Lease() {
+		t.Fatalf("orphaned %v after the restart, want well within a lease", took)
+	}
+	waitOrphaned(t, a2, time.Second, "q1")
+
+	// A clean stop: the restarted process leaves nothing behind.
+	uses("q3")(a2)
+	time.Sleep(3 * a.opts.Heartbeat)
+	if err := a2.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a3 := e.replica("a")
+	uses()(a3)
+	time.Sleep(2*a.Lease() + 5*a.opts.Heartbeat)
+	for _, q := range b.Orphaned() {
+		if q == "q3" {
+			t.Fatalf("orphaned %q after a clean stop", b.Orphaned())
+		}
+	}
+}
+
+// Nothing is orphaned while a replica that may be alive has not reported what it consumes.
+func TestOrphanedWaitsForUnknownUses(t *testing.T) {
+	e := newTestEnv(t)
+	a, b, c := e.replica("a"), e.replica("b"), e.replica("c")
+	uses("q1")(a)
+	uses()(b)
+	time.Sleep(3 * a.opts.Heartbeat)
+	a.kill()
+	time.Sleep(2*a.Lease() + 3*a.opts.Heartbeat)
+	if got := b.Orphaned(); len(got) != 0 {
+		t.Fatalf("orphaned %q while c has not reported its uses", got)
+	}
+	uses()(c)
+	waitOrphaned(t, b, 2*a.Lease(), "q1")
+}
+
+// A replica alone that crashes is a whole broker restarting: whether it comes back under its id
+// or another, the queues its clients consumed are not orphaned.
+func TestLoneCrashOrphansNothing(t *testing.T) {
+	e := newTestEnv(t)
+	a := e.replica("a")
+	x := e.replica("x")
+	uses("q1")(a)
+	uses("q2")(x)
+	time.Sleep(3 * a.opts.Heartbeat)
+	a.kill()
+	x.kill()
+	a2 := e.replica("a") // same id
+	y := e.replica("y")  // a new id
+	uses()(a2)
+	uses()(y)
+	for end := time.Now().Add(3 * a.Lease()); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		for _, v := range []*Cluster{a2, y} {
+			if got := v.Orphaned(); len(got) != 0 {
+				t.Fatalf("%s: orphaned %q after the whole fleet restarted", v.ID(), got)
+			}
+		}
+	}
+}

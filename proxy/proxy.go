@@ -111,6 +111,17 @@ func (f *Fleet) Alive() []string {
 // Lease is how long a replica stays alive in the log after its last heartbeat.
 func (f *Fleet) Lease() time.Duration { return f.c.Lease() }
 
+// ReportUses sets the function the heartbeats call for the queues this replica's clients
+// consume (cluster.Cluster.ReportUses).
+func (f *Fleet) ReportUses(uses func() []string) { f.c.ReportUses(uses) }
+
+// UsesChanged asks for a heartbeat now (cluster.Cluster.UsesChanged).
+func (f *Fleet) UsesChanged() { f.c.UsesChanged() }
+
+// Orphaned returns the queues whose consumers ended with a replica that died
+// (cluster.Cluster.Orphaned).
+func (f *Fleet) Orphaned() []string { return f.c.Orphaned() }
+
 // Peers reaches the replica that consumes a queue, when several share one KubeMQ.
 type Peers struct {
 	c    *cluster.Cluster

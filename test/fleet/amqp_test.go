@@ -259,8 +259,8 @@ func amqpKill(t *testing.T, victimIndex int, what string) {
 	cancel()
 	wg.Wait()
 	dups, afterAck, split := l.report(t, ids)
-	t.Logf("FLEET amqp kill -9 of %s: %d messages, %d duplicates (%d of acked messages), longest pause in deliveries after the kill %v, all delivered %v after it, per replica:%s",
-		what, n, dups, afterAck, l.gap().Round(time.Millisecond), l.lastAt().Sub(killed).Round(time.Millisecond), split)
+	t.Logf("FLEET amqp kill -9 of %s: %d messages, %d duplicates (%d of acked messages: %s), longest pause in deliveries after the kill %v, all delivered %v after it, per replica:%s",
+		what, n, dups, afterAck, l.ackedSpan(afterAck), l.gap().Round(time.Millisecond), l.lastAt().Sub(killed).Round(time.Millisecond), split)
 	f.checkProblems()
 }
 

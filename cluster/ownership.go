@@ -113,7 +113,7 @@ type logEvent struct {
 	// restarted.
 	Inc string `json:"i,omitempty"`
 	// Uses (hb, the first event of a heartbeat, with UsesSet) are the queues the sender's
-	// clients consume (ReportUses); UsesAll says there were more than one event holds.
+	// clients consume (ReportUses); UsesAll says there were more than one event names.
 	Uses    []string `json:"u,omitempty"`
 	UsesSet bool     `json:"us,omitempty"`
 	UsesAll bool     `json:"ua,omitempty"`
@@ -585,9 +585,9 @@ func (c *Cluster) UsesChanged() {
 
 // Orphaned returns the queues whose consumers ended with a replica that died while other replicas
 // lived on: the replica's last heartbeat named them (ReportUses), and the latest heartbeat of no
-// replica that may be alive names them. A replica counts as dead once it has been silent for twice the lease, or at once
-// when it is heard under a new process without having stopped cleanly; its queues are returned
-// for two leases after that. Nothing is returned while any replica that may be alive has not
+// replica that may be alive names them. A replica counts as dead once it has been silent for
+// twice the lease, or at once when it is heard under a new process without having stopped
+// cleanly; its queues are returned for two leases after that. Nothing is returned while any replica that may be alive has not
 // reported its uses (an earlier version, or just started) or had more than a heartbeat names,
 // or before the log has been read up to now.
 func (c *Cluster) Orphaned() []string {

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -89,23 +90,9 @@ func TestAMQPFleetAutoDeleteHolderKilled(t *testing.T) {
 func waitQueue(t *testing.T, rs []*replica, q string, there bool) {
 	t.Helper()
 	for _, r := range rs {
-		deadline := time.Now().Add(time.Minute)
-		for {
-			c, err := amqp.Dial(r.amqpURL())
-			if err == nil {
-				var ch *amqp.Channel
-				if ch, err = c.Channel(); err == nil {
-					_, err = ch.QueueDeclarePassive(q, true, true, false, false, nil)
-				}
-				c.Close()
-				if there && err == nil || !there && amqpCode(err) == amqp.NotFound {
-					break
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: queue %s there=%v after a minute: %v", r.name, q, !there, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		waitFor(t, time.Minute, fmt.Sprintf("%s: queue %s there=%v", r.name, q, there), func() bool {
+			code := passive(t, r, q)
+			return there && code == 0 || !there && code == amqp.NotFound
+		})
 	}
 }

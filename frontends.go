@@ -39,6 +39,7 @@ func frontends() []proxy.FrontendFactory {
 						PushAllowedHosts:           d.Config.GCP.PushAllowedHosts,
 						PushOIDCKeyFile:            d.Config.GCP.PushOIDCKeyFile,
 						DisableREST:                !d.Config.GCP.REST,
+						MaxPendingPublishBytes:     pendingPublishBytes(d.Config.GCP.MaxPendingPublishBytes),
 					},
 				})
 			},
@@ -114,4 +115,13 @@ func zeroOff(v int64) int64 {
 		return -1
 	}
 	return v
+}
+
+// pendingPublishBytes maps gcp.max_pending_publish_bytes (0: no bound) to
+// gcp.Config's (0: the default, negative: no bound).
+func pendingPublishBytes(n int) int64 {
+	if n == 0 {
+		return -1
+	}
+	return int64(n)
 }

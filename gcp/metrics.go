@@ -79,6 +79,26 @@ func (m *metrics) register(reg prometheus.Registerer, s *Server) error {
 			return err
 		}
 	}
+	if b := s.pubBudget; b != nil {
+		return m.registerBudget(reg, b)
+	}
+	return nil
+}
+
+// registerBudget adds the publish admission gauges (admission.go).
+func (m *metrics) registerBudget(reg prometheus.Registerer, b *publishBudget) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "publish_pending_bytes",
+			Help: "Encoded bytes of the Publish requests read and in progress (bounded by gcp.max_pending_publish_bytes)."},
+			func() float64 { u, _ := b.state(); return float64(u) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricPrefix + "publish_calls_waiting",
+			Help: "Publish calls waiting, unread, for room under gcp.max_pending_publish_bytes."},
+			func() float64 { _, w := b.state(); return float64(w) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

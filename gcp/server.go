@@ -34,6 +34,7 @@ const (
 	DefaultPushMaxConcurrency         = 256
 	DefaultPushMaxPerSubscription     = 64
 	DefaultPushConnectTimeout         = 10 * time.Second
+	DefaultMaxPendingPublishBytes     = 32 << 20
 
 	// grpcHeadroom is what a PublishRequest may carry beyond its messages'
 	// bytes (names, framing) before gRPC refuses it; the per-message limit
@@ -75,6 +76,10 @@ type Config struct {
 	// PushOIDCKeyFile is a PEM RSA private key that signs the tokens of
 	// oidc_token push configurations; "" sends no Authorization header.
 	PushOIDCKeyFile string
+	// MaxPendingPublishBytes bounds the Publish requests read and in
+	// progress (their encoded bytes); further calls wait unread
+	// (admission.go). Negative: no bound.
+	MaxPendingPublishBytes int64
 	// DisableREST serves gRPC only; by default the Pub/Sub REST API is
 	// served on the same port (rest.go, sniff.go).
 	DisableREST bool
@@ -108,6 +113,9 @@ func (c *Config) setDefaults() {
 	if c.PushConnectTimeout <= 0 {
 		c.PushConnectTimeout = DefaultPushConnectTimeout
 	}
+	if c.MaxPendingPublishBytes == 0 {
+		c.MaxPendingPublishBytes = DefaultMaxPendingPublishBytes
+	}
 }
 
 // Server is the Pub/Sub front-end. It satisfies the proxy's Frontend
@@ -125,6 +133,10 @@ type Server struct {
 	push  *pushManager // push subscriptions (push.go)
 
 	pubLimits limits.Publish
+	// pubBudget admits Publish calls (admission.go); nil: no bound.
+	pubBudget *publishBudget
+	// unary is the unary interceptor chain (publishStream runs it too).
+	unary grpc.UnaryServerInterceptor
 	// onDrop tells the delivery side that a subscription's backlog and
 	// leases are gone (detach, delete).
 	onDrop func(subID, uid string)
@@ -199,6 +211,9 @@ func newServer(c core) (*Server, error) {
 	s := &Server{cfg: c.cfg, log: c.log, ready: c.ready, topo: c.topo, be: c.be, ids: newIDGen(),
 		deliveries: c.deliveries, peers: c.peers, runtimes: map[string]*subRuntime{}, seeking: map[string]chan struct{}{}, capturing: map[string]chan struct{}{}, stopping: make(chan struct{}),
 		outage: make(chan struct{}), m: newMetrics(), backlog: c.backlog}
+	if s.cfg.MaxPendingPublishBytes > 0 {
+		s.pubBudget = newPublishBudget(s.cfg.MaxPendingPublishBytes)
+	}
 	var err error
 	if s.push, err = newPushManager(s); err != nil {
 		return nil, err
@@ -237,6 +252,7 @@ func newServer(c core) (*Server, error) {
 	}
 	s.stopWatch = s.cat.follow(s.topo)
 	s.push.start()
+	s.unary = chainUnary(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready, s.draining.Load), markREST)
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes+grpcHeadroom),
 		// grpc's default codec zeroes a pooled buffer of up to 1 MiB per message.
@@ -246,10 +262,10 @@ func newServer(c core) (*Server, error) {
 		// window the client would wait for window updates within each one.
 		grpc.InitialWindowSize(1<<20),
 		grpc.InitialConnWindowSize(16<<20),
-		grpc.ChainUnaryInterceptor(recoverUnary(s.log), logUnary(s.log, s.m), gateUnary(s.ready, s.draining.Load), markREST),
+		grpc.UnaryInterceptor(s.unary),
 		grpc.ChainStreamInterceptor(recoverStream(s.log), logStream(s.log, s.m), gateStream(s.ready)),
 	)
-	pubsubpb.RegisterPublisherServer(s.grpc, &publisher{s: s})
+	s.grpc.RegisterService(s.publisherDesc(), &publisher{s: s})
 	pubsubpb.RegisterSubscriberServer(s.grpc, &subscriber{s: s})
 	pubsubpb.RegisterSchemaServiceServer(s.grpc, &schemaService{s: s})
 	iampb.RegisterIAMPolicyServer(s.grpc, iamPolicy{s: s})

@@ -62,6 +62,9 @@ type GCPConfig struct {
 	PushAllowedHosts string `mapstructure:"push_allowed_hosts"`
 	// PushOIDCKeyFile signs the OIDC tokens of push requests; "" = none.
 	PushOIDCKeyFile string `mapstructure:"push_oidc_key_file"`
+	// MaxPendingPublishBytes bounds the Publish requests read and not yet
+	// answered, all connections together; further calls wait unread. 0 = no bound.
+	MaxPendingPublishBytes int `mapstructure:"max_pending_publish_bytes"`
 }
 
 // AMQPConfig is the AMQP 0-9-1 front-end.
@@ -279,7 +282,8 @@ func Defaults() Config {
 	return Config{
 		GCP: GCPConfig{Listen: ":8085", REST: true, MaxMessageBytes: 10 << 20, MaxInflightPerSubscription: 20000,
 			MaxOutstandingMessages: 1000, StreamCloseAfter: 30 * time.Minute, RuntimeIdle: 2 * time.Minute,
-			PushMaxConcurrency: 256, PushMaxPerSubscription: 64, PushConnectTimeout: 10 * time.Second},
+			PushMaxConcurrency: 256, PushMaxPerSubscription: 64, PushConnectTimeout: 10 * time.Second,
+			MaxPendingPublishBytes: 32 << 20},
 		AMQP: AMQPConfig{Listen: ":5672", TLSListen: ":5671", Heartbeat: 60 * time.Second, FrameMax: 131072, ChannelMax: 2047,
 			MaxBodySize: 64 << 20, MaxPendingPublishBytes: 64 << 20, MetricsQueueLabels: 100, ManagementListen: "127.0.0.1:15672"},
 		HTTP: HTTPConfig{Listen: ":9102"},
@@ -368,6 +372,9 @@ func (c *Config) Validate() error {
 	}
 	if c.GCP.MaxMessageBytes < 1024 || c.GCP.MaxMessageBytes > 64<<20 {
 		return fmt.Errorf("gcp.max_message_bytes: %d is outside 1024..67108864", c.GCP.MaxMessageBytes)
+	}
+	if c.GCP.MaxPendingPublishBytes < 0 {
+		return fmt.Errorf("gcp.max_pending_publish_bytes: %d must not be negative", c.GCP.MaxPendingPublishBytes)
 	}
 	if c.GCP.MaxInflightPerSubscription < 1 {
 		return fmt.Errorf("gcp.max_inflight_per_subscription: %d must be at least 1", c.GCP.MaxInflightPerSubscription)

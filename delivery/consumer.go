@@ -122,6 +122,9 @@ type Consumer struct {
 	st    counters
 	// exclusive: no other process consumes the queue while this Consumer runs (Options.Owners).
 	exclusive bool
+	// highSeq is the highest KubeMQ sequence of a data message a Get brought (poll loop only):
+	// one below it is out of send order (prepare logs it).
+	highSeq uint64
 	// closeCause is what waiting Fetch calls get when the Consumer closes (ErrClosed, or
 	// ErrHandedOver); set once, before closing.
 	closeCause error

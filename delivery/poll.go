@@ -415,6 +415,7 @@ func (c *Consumer) prepare(msgs []Message, now time.Time) *batch {
 	}
 	c.st.received.Add(uint64(len(data)))
 	b.returned = len(recs)
+	c.checkSendOrder(data)
 
 	keys := randomKeys(len(data))
 	b.fresh = make([]*lease, len(data))
@@ -818,3 +819,30 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.cur = 0 }
+
+// checkSendOrder logs data messages that a Get brought after a later-stored one (a lower KubeMQ
+// sequence than one seen before). KubeMQ hands a queue out in send order, and Pub/Sub ordering
+// keys rely on it; the real server was seen to hand two messages out swapped (embedded/COMPAT.md),
+// and the log says when it happens under the proxy. A copy given back to the queue after a failed
+// record store comes again with its old sequence and is logged too.
+func (c *Consumer) checkSendOrder(data []*Message) {
+	var low, high uint64
+	n := 0
+	for _, m := range data {
+		if m.Sequence == 0 {
+			continue
+		}
+		if m.Sequence < c.highSeq {
+			if n == 0 {
+				low, high = m.Sequence, c.highSeq
+			}
+			n++
+			continue
+		}
+		c.highSeq = m.Sequence
+	}
+	if n > 0 {
+		c.log.Warn("KubeMQ handed out messages stored before one it handed out earlier", zap.String("queue", c.queue),
+			zap.Int("messages", n), zap.Uint64("first_sequence", low), zap.Uint64("after_sequence", high))
+	}
+}

@@ -77,9 +77,13 @@ type subRuntime struct {
 	// on its way back from a lease record.
 	recoverUntil time.Time
 	recoverCap   time.Time
-	sentinel     <-chan struct{}                 // nil once back (or when no recovery ran)
-	awaiting     map[string]map[string]time.Time // key -> message id -> give up at
-	window       time.Duration                   // least recovery hold after a (re)start
+	// lastFresh is the latest first delivery the engine brought per key (bounded; ordering.go
+	// checkKeyOrderLocked), orderWarnings how many times one came after a later one.
+	lastFresh     map[string]keyMark
+	orderWarnings int
+	sentinel      <-chan struct{}                 // nil once back (or when no recovery ran)
+	awaiting      map[string]map[string]time.Time // key -> message id -> give up at
+	window        time.Duration                   // least recovery hold after a (re)start
 	// users and lastUsed are guarded by s.rtMu (see Server.runtime).
 	users    int
 	lastUsed time.Time
@@ -291,6 +295,9 @@ func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow,
 		}
 		if ordered {
 			l.key = d.Tags[TagOrderingKey]
+			if l.key != "" && d.Attempt <= 1 {
+				r.checkKeyOrderLocked(l)
+			}
 		}
 		r.leases[d.LeaseID] = l
 		if l.key != "" && !r.admitKeyedLocked(l, f, now) {

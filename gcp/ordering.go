@@ -266,3 +266,36 @@ func (r *subRuntime) unsettled(m *delivery.Message, redeliverAt time.Time) {
 	default:
 	}
 }
+
+// keyMark is a message of a key the engine brought: its id and KubeMQ sequence.
+type keyMark struct {
+	id  string
+	seq uint64
+}
+
+// maxKeyMarks bounds lastFresh: past it the marks start over.
+const maxKeyMarks = 10_000
+
+// checkKeyOrderLocked logs a key's first delivery that the engine brought after a later
+// message of the key published through the same replica (ids of one process order by
+// publish): KubeMQ handed the queue out in another order than it was stored, and the key goes
+// out of order to the subscriber. The first ten per runtime are logged.
+func (r *subRuntime) checkKeyOrderLocked(l *lease) {
+	const prefix = 16 // idGen's fixed-width prefix
+	id := l.d.Tags[TagMessageID]
+	last, ok := r.lastFresh[l.key]
+	if ok && len(id) > prefix && len(last.id) > prefix && id[:prefix] == last.id[:prefix] &&
+		(msgOrder{id: id}).compare(msgOrder{id: last.id}) < 0 {
+		if r.orderWarnings < 10 {
+			r.orderWarnings++
+			r.s.log.Warn("ordering key: KubeMQ handed out a message after a later one of its key", zap.String("subscription", r.id),
+				zap.String("key", l.key), zap.String("message_id", id), zap.Uint64("sequence", l.d.Sequence),
+				zap.String("after_message_id", last.id), zap.Uint64("after_sequence", last.seq))
+		}
+		return
+	}
+	if r.lastFresh == nil || len(r.lastFresh) >= maxKeyMarks {
+		r.lastFresh = map[string]keyMark{}
+	}
+	r.lastFresh[l.key] = keyMark{id: id, seq: l.d.Sequence}
+}

@@ -481,8 +481,15 @@ func keyWindowModel(t *testing.T, seed int64, o modelOpts) {
 	rt := e.createSub(sub)
 	keys := []string{"k1", "k2"}
 	const perKey = 25
+	resent := e.s.be.(kubemqBackend).c.SendsResent()
 	for _, k := range keys {
 		e.publish("t", k, 0, perKey)
+	}
+	if e.s.be.(kubemqBackend).c.SendsResent() != resent {
+		// KubeMQ left a send unanswered and the client sent it again: the queue may hold a
+		// message twice (at-least-once, seen on a loaded real KubeMQ), and the model's checks
+		// assume each message once.
+		t.Skip("KubeMQ left a send unanswered and the resend may have stored a message twice; the model needs each message once")
 	}
 	rng := rand.New(rand.NewSource(seed))
 	seqOf := map[*lease]int{}

@@ -40,6 +40,12 @@ type Peers interface {
 	// Self returns this replica's own peer address ("" when it advertises
 	// none): direct reply-to names carry it so replies find their channel.
 	Self() string
+	// Propagate returns once every other live replica has read this
+	// replica's registry writes so far, or could not in a bounded time
+	// (registry.Registry.Propagate): a declare, bind or delete answers
+	// after it, so the client's next publish through any replica routes
+	// by the change.
+	Propagate(ctx context.Context)
 }
 
 // linkRetry is the pause between attempts to find a queue's holder.

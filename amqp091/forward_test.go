@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	streadway "github.com/streadway/amqp"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,6 +21,7 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/cluster"
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
 // Replicas of the proxy on one KubeMQ, in one process: each with its own
@@ -44,6 +46,24 @@ type testPeers struct {
 	c    *cluster.Cluster
 	p    *cluster.Peers
 	self string
+	env  *env // its registry, once started
+}
+
+// Propagate is proxy.Peers.Propagate on the test's replicas.
+func (p testPeers) Propagate(ctx context.Context) {
+	conns := map[string]grpc.ClientConnInterface{}
+	for _, m := range p.c.Members() {
+		if m.ID != p.c.ID() && m.Addr != "" {
+			c, err := p.p.Conn(m.Addr)
+			if err != nil {
+				continue
+			}
+			conns[m.Addr] = c
+		}
+	}
+	if err := p.env.reg.Propagate(ctx, conns); err != nil {
+		p.env.log.Warn("topology change not confirmed by every replica", zap.Error(err))
+	}
 }
 
 func (p testPeers) Owner(queue string) (string, bool) {
@@ -133,9 +153,10 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts 
 	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
 	e.start(append([]func(*Options){func(o *Options) {
 		o.Deliveries = m
-		o.Peers = testPeers{c: c, p: peers, self: lis.Addr().String()}
+		o.Peers = testPeers{c: c, p: peers, self: lis.Addr().String(), env: e}
 	}}, opts...)...)
 	e.srv.RegisterPeer(peerSrv)
+	registry.RegisterPeer(peerSrv, e.reg)
 	go peerSrv.Serve(lis)
 	var once sync.Once
 	r.stop = func() {

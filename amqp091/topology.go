@@ -609,7 +609,7 @@ func (v *vhost) putExchangeRecord(ctx context.Context, x routing.Exchange) error
 		kind, rec.Replica = kindTExchange, v.top.replicaID()
 		v.top.markExchangeOwned(recordKey(v.key, x.Name)) // before the record: sweep reads both
 	}
-	return v.top.reg.Put(ctx, kind, recordKey(v.key, x.Name), rec)
+	return v.top.written(ctx, v.top.reg.Put(ctx, kind, recordKey(v.key, x.Name), rec))
 }
 
 // deleteExchangeRecord writes the tombstone of x's record, if it has one.
@@ -618,9 +618,9 @@ func (v *vhost) deleteExchangeRecord(ctx context.Context, x routing.Exchange) er
 	case v.top.reg == nil:
 		return nil
 	case x.Durable:
-		return v.top.reg.Delete(ctx, kindExchange, recordKey(v.key, x.Name))
+		return v.top.written(ctx, v.top.reg.Delete(ctx, kindExchange, recordKey(v.key, x.Name)))
 	case v.top.sharesTransient():
-		return v.top.reg.Delete(ctx, kindTExchange, recordKey(v.key, x.Name))
+		return v.top.written(ctx, v.top.reg.Delete(ctx, kindTExchange, recordKey(v.key, x.Name)))
 	}
 	return nil
 }
@@ -647,7 +647,7 @@ func (v *vhost) putQueueRecord(ctx context.Context, q *queue) error {
 	if kind == kindTQueue {
 		rec.Replica, rec.Durable, rec.Exclusive = q.replica, q.durable, q.exclusive
 	}
-	return v.top.reg.Put(ctx, kind, recordKey(v.key, q.name), rec)
+	return v.top.written(ctx, v.top.reg.Put(ctx, kind, recordKey(v.key, q.name), rec))
 }
 
 // putIncarnationRecord records that name's next declaration takes
@@ -664,7 +664,7 @@ func (v *vhost) deleteQueueRecord(ctx context.Context, q *queue) error {
 	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Delete(ctx, kind, recordKey(v.key, q.name))
+	return v.top.written(ctx, v.top.reg.Delete(ctx, kind, recordKey(v.key, q.name)))
 }
 
 // bindingRecordKind is the kind of a binding's registry record: durable
@@ -687,8 +687,8 @@ func (v *vhost) putBindingRecord(ctx context.Context, b routing.Binding, durable
 	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Put(ctx, kind, recordKey(v.key, b.ID()), bindingRecord{
-		Vhost: v.key, Source: b.Source, DestExchange: b.Dest.Exchange, Dest: b.Dest.Name, Key: b.Key, Args: encodeArgs(b.Args)})
+	return v.top.written(ctx, v.top.reg.Put(ctx, kind, recordKey(v.key, b.ID()), bindingRecord{
+		Vhost: v.key, Source: b.Source, DestExchange: b.Dest.Exchange, Dest: b.Dest.Name, Key: b.Key, Args: encodeArgs(b.Args)}))
 }
 
 func (v *vhost) deleteBindingRecord(ctx context.Context, b routing.Binding, durable bool) error {
@@ -696,5 +696,17 @@ func (v *vhost) deleteBindingRecord(ctx context.Context, b routing.Binding, dura
 	if kind == "" {
 		return nil
 	}
-	return v.top.reg.Delete(ctx, kind, recordKey(v.key, b.ID()))
+	return v.top.written(ctx, v.top.reg.Delete(ctx, kind, recordKey(v.key, b.ID())))
+}
+
+// written follows a client's topology change the registry took (err nil):
+// with replicas, it returns once the others have read it, so the client's
+// next publish through any of them routes by it, as in a RabbitMQ cluster
+// (a replica that reads the registry log late would otherwise drop the
+// message as unroutable, or miss the new binding).
+func (t *topology) written(ctx context.Context, err error) error {
+	if err == nil && t.srv != nil && t.srv.peers != nil {
+		t.srv.peers.Propagate(ctx)
+	}
+	return err
 }

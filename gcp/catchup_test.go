@@ -1,14 +1,20 @@
 package gcp_test
 
 import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kubemq-io/kubemq-proxy/gcp"
+	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
 // noPeers stands for a fleet whose other replicas consume nothing: the
@@ -17,6 +23,7 @@ type noPeers struct{}
 
 func (noPeers) Owner(string) (string, bool)                   { return "", false }
 func (noPeers) Conn(string) (grpc.ClientConnInterface, error) { return nil, nil }
+func (noPeers) Propagate(context.Context)                     {}
 
 // A topic, subscription or snapshot created through one replica is there
 // at once through another, however late that one reads the registry log
@@ -77,4 +84,80 @@ func TestCreateVisibleAtOnceOnAnotherReplica(t *testing.T) {
 
 	_, err := pb.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: e.topicName("no-such")})
 	wantCode(t, err, codes.NotFound, "Resource not found")
+}
+
+// propagatingPeers is a fleet of the test's replicas whose only link is the
+// registry's peer service: Propagate waits for the replicas in conns to
+// read the first replica's writes.
+type propagatingPeers struct {
+	mu    sync.Mutex
+	reg   *registry.Registry
+	conns map[string]grpc.ClientConnInterface
+}
+
+func (*propagatingPeers) Owner(string) (string, bool)                   { return "", false }
+func (*propagatingPeers) Conn(string) (grpc.ClientConnInterface, error) { return nil, nil }
+func (p *propagatingPeers) Propagate(ctx context.Context) {
+	p.mu.Lock()
+	reg, conns := p.reg, p.conns
+	p.mu.Unlock()
+	if reg != nil {
+		reg.Propagate(ctx, conns)
+	}
+}
+
+// A subscription created through one replica gets the messages published
+// through another right after, however late that one reads the registry
+// log (here 400 ms): CreateSubscription answers once the other replicas
+// have read it. Before, the other replica, which knew the topic, made no
+// copy for the subscription it had not read yet: the message was lost to
+// it.
+func TestSubscriptionReachesReplicasBeforeCreateAnswers(t *testing.T) {
+	pp := &propagatingPeers{}
+	e := startEnv(t, withGCP(func(o *gcp.Options) { o.Peers = pp }))
+	pp.mu.Lock()
+	pp.reg = e.reg
+	pp.mu.Unlock()
+	ctx := ctxT(t, 60*time.Second)
+	pa, sa := rawPublisher(t, e), rawSubscriber(t, e)
+	e.followDelay = 400 * time.Millisecond
+	addr2, _, stop2 := e.startReplica()
+	defer stop2()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerSrv := grpc.NewServer()
+	registry.RegisterPeer(peerSrv, e.reg)
+	go peerSrv.Serve(lis)
+	defer peerSrv.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pp.mu.Lock()
+	pp.conns = map[string]grpc.ClientConnInterface{lis.Addr().String(): conn}
+	pp.mu.Unlock()
+	pb := rawPublisher(t, &env{addr: addr2})
+
+	topic := e.topicName(e.id("t"))
+	if _, err := pa.CreateTopic(ctx, &pubsubpb.Topic{Name: topic}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: topic}); err != nil {
+		t.Fatalf("GetTopic on the other replica: %v", err)
+	}
+	for i := range 3 {
+		sub := e.subName(e.id(fmt.Sprintf("s%d", i)))
+		if _, err := sa.CreateSubscription(ctx, &pubsubpb.Subscription{Name: sub, Topic: topic}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pb.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{{Data: []byte("x")}}}); err != nil {
+			t.Fatalf("Publish on the other replica: %v", err)
+		}
+		if got := pull(t, ctx, sa, sub, 10); len(got) != 1 {
+			t.Fatalf("%s: pulled %d of the message published through the other replica right after the create", sub, len(got))
+		}
+	}
 }

@@ -30,6 +30,13 @@ type Peers interface {
 	Owner(queue string) (addr string, ok bool)
 	// Conn returns a connection to the replica at addr (its peer port).
 	Conn(addr string) (grpc.ClientConnInterface, error)
+	// Propagate returns once every other live replica has read this
+	// replica's registry writes so far, or could not in a bounded time
+	// (registry.Registry.Propagate): a create, update or delete answers
+	// after it, so the client's next call through any replica finds the
+	// change (a publish makes its copy for a subscription created a moment
+	// ago through another replica).
+	Propagate(ctx context.Context)
 }
 
 // errMoved answers a call that reached a replica which does not consume the subscription (a

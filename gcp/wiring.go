@@ -53,7 +53,7 @@ func New(o Options) (*Server, error) {
 		cfg:   o.Config,
 		log:   o.Logger,
 		ready: o.Ready,
-		topo:  registryTopology{o.Registry},
+		topo:  registryTopology{r: o.Registry, peers: o.Peers},
 		be:    kubemqBackend{o.Client},
 		watch: o.Client.OnStateChange,
 		backlog: func(ctx context.Context) (*kubemqclient.QueuesIndex, error) {
@@ -76,19 +76,30 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// registryTopology adapts the registry to topology.
-type registryTopology struct{ r *registry.Registry }
+// registryTopology adapts the registry to topology. With replicas, a write
+// returns once the others have read it (Peers.Propagate).
+type registryTopology struct {
+	r     *registry.Registry
+	peers Peers
+}
 
 func (t registryTopology) Put(ctx context.Context, kind, key string, value any) error {
-	return t.r.Put(ctx, kind, key, value)
+	return t.written(ctx, t.r.Put(ctx, kind, key, value))
 }
 
 func (t registryTopology) Delete(ctx context.Context, kind, key string) error {
-	return t.r.Delete(ctx, kind, key)
+	return t.written(ctx, t.r.Delete(ctx, kind, key))
 }
 
 func (t registryTopology) putIf(ctx context.Context, kind, key string, value any, base registry.Base) error {
-	return t.r.PutIf(ctx, kind, key, value, base)
+	return t.written(ctx, t.r.PutIf(ctx, kind, key, value, base))
+}
+
+func (t registryTopology) written(ctx context.Context, err error) error {
+	if err == nil && t.peers != nil {
+		t.peers.Propagate(ctx)
+	}
+	return err
 }
 
 func (t registryTopology) baseOf(kind, key string) registry.Base { return t.r.BaseOf(kind, key) }

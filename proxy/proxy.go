@@ -126,7 +126,9 @@ func (f *Fleet) Orphaned() []string { return f.c.Orphaned() }
 type Peers struct {
 	c    *cluster.Cluster
 	p    *cluster.Peers
+	reg  *registry.Registry
 	self string // this replica's advertised peer address
+	log  *zap.Logger
 }
 
 // Self returns the peer address this replica advertises.
@@ -143,6 +145,28 @@ func (p *Peers) Owner(queue string) (string, bool) {
 
 // Conn returns a connection to the replica at addr.
 func (p *Peers) Conn(addr string) (grpc.ClientConnInterface, error) { return p.p.Conn(addr) }
+
+// Propagate waits until every other live replica has read this replica's
+// registry writes so far (registry.Registry.Propagate): a front-end calls it
+// after a topology change, before it answers. A replica that cannot be
+// reached in time is logged and not waited for further.
+func (p *Peers) Propagate(ctx context.Context) {
+	conns := map[string]grpc.ClientConnInterface{}
+	for _, m := range p.c.Members() {
+		if m.ID == p.c.ID() || m.Addr == "" {
+			continue
+		}
+		c, err := p.p.Conn(m.Addr)
+		if err != nil {
+			p.log.Warn("topology change not confirmed by a replica", zap.String("replica", m.ID), zap.Error(err))
+			continue
+		}
+		conns[m.Addr] = c
+	}
+	if err := p.reg.Propagate(ctx, conns); err != nil && ctx.Err() == nil {
+		p.log.Warn("topology change not confirmed by every replica; they apply it when they read the registry log", zap.Error(err))
+	}
+}
 
 // owners adapts the ownership log to the delivery engine.
 type owners struct{ c *cluster.Cluster }
@@ -736,6 +760,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		if err != nil {
 			return err
 		}
+		registry.RegisterPeer(srv, p.reg)
 		p.peerSrv = srv
 		p.log.Info("listening", zap.String("listener", "cluster"), zap.String("address", bound))
 	}
@@ -772,7 +797,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		if p.peers, err = cluster.NewPeers(po); err != nil {
 			return err
 		}
-		deps.Peers = &Peers{c: c, p: p.peers, self: advertise}
+		deps.Peers = &Peers{c: c, p: p.peers, reg: p.reg, self: advertise, log: p.log.Named("cluster")}
 	}
 	deps.Fleet = &Fleet{c: c}
 	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))

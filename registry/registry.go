@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -125,9 +126,14 @@ type Registry struct {
 	appliedMu sync.Mutex
 	applied   uint64
 	appliedCh chan struct{}
-	ctx       context.Context
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	// readMax is, per writer, the highest version of its records read
+	// from the log (guarded by appliedMu; WaitRead). written is the
+	// version of this replica's latest write.
+	readMax map[string]uint64
+	written atomic.Uint64
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 // Open starts following the log. It returns at once; Replayed (and
@@ -161,6 +167,7 @@ func Open(ctx context.Context, opts Options) (*Registry, error) {
 		pending:    map[uint64]chan bool{},
 		replayedCh: make(chan struct{}),
 		appliedCh:  make(chan struct{}),
+		readMax:    map[string]uint64{},
 		syncNonce:  randomID(),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -283,6 +290,7 @@ func (r *Registry) PutIf(ctx context.Context, kind, key string, value any, base 
 	if err := r.publish(ctx, event{Records: []Record{rec}}); err != nil {
 		return err
 	}
+	r.wrote(rec.Version)
 	select {
 	case ok := <-verdict:
 		if !ok {
@@ -338,8 +346,52 @@ func (r *Registry) write(ctx context.Context, rec Record) error {
 	if err := r.publish(ctx, event{Records: []Record{rec}}); err != nil {
 		return err
 	}
+	r.wrote(rec.Version)
 	r.apply(rec, true)
 	return nil
+}
+
+// wrote notes that the log holds this replica's write of version v.
+func (r *Registry) wrote(v uint64) {
+	for {
+		cur := r.written.Load()
+		if v <= cur || r.written.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// Written returns this replica's writer id and the version of its latest
+// write the log holds (0 before any): what WaitRead on another replica
+// waits for.
+func (r *Registry) Written() (writer string, version uint64) {
+	return r.opts.ReplicaID, r.written.Load()
+}
+
+// WaitRead waits until this replica has read from the log a record writer
+// wrote with version or a later one. A writer's versions only grow, so a
+// later one means its earlier writes were published before it; one
+// published concurrently may still follow it in the log, a window as
+// narrow as two writes of one replica racing each other.
+func (r *Registry) WaitRead(ctx context.Context, writer string, version uint64) error {
+	if writer == r.opts.ReplicaID {
+		return nil // its own writes are applied as they are made
+	}
+	for {
+		r.appliedMu.Lock()
+		done, ch := r.readMax[writer] >= version, r.appliedCh
+		r.appliedMu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.ctx.Done():
+			return errors.New("registry: closed")
+		}
+	}
 }
 
 func (r *Registry) publish(ctx context.Context, ev event) error {
@@ -449,7 +501,7 @@ func (r *Registry) followOnce() error {
 		var body event
 		if err := json.Unmarshal(ev.Body, &body); err != nil {
 			r.log.Warn("registry: skipping undecodable event", zap.Uint64("sequence", ev.Sequence), zap.Error(err))
-			r.appliedUpTo(ev.Sequence)
+			r.appliedUpTo(ev.Sequence, nil)
 			continue
 		}
 		for _, rec := range body.Records {
@@ -468,7 +520,7 @@ func (r *Registry) followOnce() error {
 			r.lastSnap = ev.Timestamp
 			r.mu.Unlock()
 		}
-		r.appliedUpTo(ev.Sequence)
+		r.appliedUpTo(ev.Sequence, body.Records)
 		if body.Sync == r.syncNonce && !r.Replayed() {
 			r.mu.RLock()
 			n := 0
@@ -485,10 +537,16 @@ func (r *Registry) followOnce() error {
 // catchUpGrace is how long CatchUp reads on after the last event.
 const catchUpGrace = 25 * time.Millisecond
 
-// appliedUpTo records that the log's events up to seq have been applied.
-func (r *Registry) appliedUpTo(seq uint64) {
+// appliedUpTo records that the log's events up to seq have been applied,
+// the last one's records among them.
+func (r *Registry) appliedUpTo(seq uint64, recs []Record) {
 	r.appliedMu.Lock()
 	r.applied = seq
+	for _, rec := range recs {
+		if rec.Version > r.readMax[rec.Writer] {
+			r.readMax[rec.Writer] = rec.Version
+		}
+	}
 	close(r.appliedCh)
 	r.appliedCh = make(chan struct{})
 	r.appliedMu.Unlock()

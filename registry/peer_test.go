@@ -1,0 +1,112 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/registry"
+	"github.com/kubemq-io/kubemq-proxy/registry/registrypb"
+)
+
+// servePeer serves r's peer service on a loopback port and returns a
+// connection to it.
+func servePeer(t *testing.T, r *registry.Registry) (string, *grpc.ClientConn) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	registry.RegisterPeer(srv, r)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return lis.Addr().String(), conn
+}
+
+// A writer's Propagate returns once the other replica, which reads the log
+// late, has read the write: a lookup there right after finds it, without
+// catching up itself.
+func TestPropagate(t *testing.T) {
+	addr := kubemqtest.Address(t)
+	ch := uniqueChannel(t)
+	a := open(t, dial(t, addr), ch)
+	defer a.Close()
+	b, err := registry.Open(context.Background(), registry.Options{Client: dial(t, addr), Channel: ch,
+		Logger: zaptest.NewLogger(t), FollowDelay: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	baddr, bconn := servePeer(t, b)
+	peers := map[string]grpc.ClientConnInterface{baddr: bconn}
+	if err := a.Propagate(ctx, peers); err != nil {
+		t.Fatalf("nothing written yet: %v", err)
+	}
+	for i := range 3 {
+		key := fmt.Sprintf("q%d", i)
+		if err := a.Put(ctx, "queue", key, key); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := value(t, b, "queue", key); ok {
+			t.Fatalf("%s: b saw the write before reading the log (the delay did not hold it back)", key)
+		}
+		if err := a.Propagate(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := value(t, b, "queue", key); !ok || v != key {
+			t.Fatalf("%s: after Propagate b has %q, %v", key, v, ok)
+		}
+	}
+	if err := a.Delete(ctx, "queue", "q0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Propagate(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := value(t, b, "queue", "q0"); ok {
+		t.Fatal("after Propagate b still has the deleted q0")
+	}
+
+	// A version nobody wrote: WaitRead ends at the caller's deadline, and
+	// Propagate reports the replica.
+	short, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel2()
+	_, err = registrypb.NewRegistryPeerClient(bconn).WaitRead(short, &registrypb.WaitReadRequest{Writer: "nobody", Version: 1})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("WaitRead of a write never made: %v, want DEADLINE_EXCEEDED", err)
+	}
+	if _, err := registrypb.NewRegistryPeerClient(bconn).WaitRead(ctx, &registrypb.WaitReadRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("WaitRead without a writer: %v, want INVALID_ARGUMENT", err)
+	}
+	// A replica that is gone: an error naming it, within PropagateWait.
+	dead, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	start := time.Now()
+	err = a.Propagate(ctx, map[string]grpc.ClientConnInterface{"127.0.0.1:1": dead, baddr: bconn})
+	if err == nil || time.Since(start) > registry.PropagateWait+time.Second {
+		t.Fatalf("Propagate with a gone replica: %v after %v", err, time.Since(start))
+	}
+}

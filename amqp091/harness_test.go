@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
@@ -64,9 +66,22 @@ func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	} else {
 		e.kubemq = kubemqtest.Address(t)
 	}
-	e.log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	e.log = zaptest.NewLogger(t, zaptest.Level(testLogLevel()))
 	e.start(opts...)
 	return e
+}
+
+// testLogLevel is the level of the proxy's log in tests: warnings unless
+// AMQP_TEST_LOG_LEVEL names another (debug, to see a rare failure's story;
+// AMQP_TEST_STACKS=FILE also writes every goroutine's stack to FILE when
+// mustRecv times out).
+func testLogLevel() zapcore.Level {
+	if v := os.Getenv("AMQP_TEST_LOG_LEVEL"); v != "" {
+		if l, err := zapcore.ParseLevel(v); err == nil {
+			return l
+		}
+	}
+	return zap.WarnLevel
 }
 
 // start (re)creates client, registry and server; used again by restart tests.
@@ -174,6 +189,12 @@ func mustRecv[T any](t testing.TB, c <-chan T, what string) T {
 		}
 		return v
 	case <-time.After(15 * time.Second):
+		if f := os.Getenv("AMQP_TEST_STACKS"); f != "" { // see testLogLevel
+			buf := make([]byte, 64<<20)
+			if err := os.WriteFile(f, buf[:runtime.Stack(buf, true)], 0o644); err != nil {
+				t.Log(err)
+			}
+		}
 		t.Fatalf("%s: timed out", what)
 	}
 	var zero T

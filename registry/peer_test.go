@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kubemq-io/kubemq-proxy/internal/kubemqtest"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
 	"github.com/kubemq-io/kubemq-proxy/registry"
 	"github.com/kubemq-io/kubemq-proxy/registry/registrypb"
 )
@@ -108,5 +109,59 @@ func TestPropagate(t *testing.T) {
 	err = a.Propagate(ctx, map[string]grpc.ClientConnInterface{"127.0.0.1:1": dead, baddr: bconn})
 	if err == nil || time.Since(start) > registry.PropagateWait+time.Second {
 		t.Fatalf("Propagate with a gone replica: %v after %v", err, time.Since(start))
+	}
+}
+
+// BenchmarkPropagate is what a topology change costs with one other
+// replica: a write alone, and a write the other replica confirms it has
+// read (Propagate over a loopback peer connection).
+func BenchmarkPropagate(b *testing.B) {
+	addr := kubemqtest.Address(b)
+	ch := kubemqclient.Channel("kubemq-proxy-test.registry", "benchprop", time.Now().Format("150405.000000000"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	openB := func() *registry.Registry {
+		r, err := registry.Open(ctx, registry.Options{Client: dial(b, addr), Channel: ch})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(r.Close)
+		if err := r.WaitReplayed(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return r
+	}
+	w, other := openB(), openB()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	registry.RegisterPeer(srv, other)
+	go srv.Serve(lis)
+	b.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	peers := map[string]grpc.ClientConnInterface{lis.Addr().String(): conn}
+	for _, propagate := range []bool{false, true} {
+		name := "write"
+		if propagate {
+			name = "write+propagate"
+		}
+		b.Run(name, func(b *testing.B) {
+			for i := range b.N {
+				if err := w.Put(ctx, "queue", fmt.Sprintf("q%d", i%100), i); err != nil {
+					b.Fatal(err)
+				}
+				if propagate {
+					if err := w.Propagate(ctx, peers); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }

@@ -1130,3 +1130,78 @@ func TestVisibilityExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Several clients sending batches to one queue while a consumer drains it:
+// each sender's messages come out in the order it sent them, and the
+// queue's sequences only grow from one Get to the next. The proxy's
+// Pub/Sub ordering keys rest on this (one publishing replica sends a key's
+// batches one after another; several replicas send to one subscription's
+// queue at once). Seen to hold on the real KubeMQ v2.4.0.
+func TestConcurrentSendersKeepOrder(t *testing.T) {
+	const senders, batches, per = 8, 100, 8
+	addr := kubemqtest.Address(t)
+	q := fresh(t, "q")
+	errs := make(chan error, senders)
+	for s := range senders {
+		c := dialAddr(t, addr)
+		go func() {
+			for b := range batches {
+				msgs := make([]kc.QueueMessage, per)
+				for i := range msgs {
+					msgs[i] = kc.QueueMessage{Channel: q, Body: body(b*per + i), Tags: map[string]string{"s": fmt.Sprint(s), "n": fmt.Sprint(b*per + i)}}
+				}
+				rs, err := c.SendQueueMessages(timeout(t, 30*time.Second), msgs)
+				if err == nil {
+					err = kc.FirstError(rs)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("sender %d batch %d: %w", s, b, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	ds := openDS(t, dialAddr(t, addr))
+	next := make([]int, senders) // each sender's next index
+	var lastSeq uint64
+	got, done := 0, 0
+	deadline := time.Now().Add(60 * time.Second)
+	for got < senders*batches*per {
+		if time.Now().After(deadline) {
+			t.Fatalf("received %d of %d", got, senders*batches*per)
+		}
+		for done < senders {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatal(err)
+				}
+				done++
+				continue
+			default:
+			}
+			break
+		}
+		tx := get(t, ds, q, 100, time.Second)
+		for _, m := range tx.Messages {
+			var s, n int
+			if _, err := fmt.Sscan(m.Tags["s"], &s); err != nil {
+				t.Fatalf("tags %v", m.Tags)
+			}
+			if _, err := fmt.Sscan(m.Tags["n"], &n); err != nil {
+				t.Fatalf("tags %v", m.Tags)
+			}
+			if n != next[s] {
+				t.Fatalf("sender %d: message %d came when %d was due (out of send order, or lost or twice)", s, n, next[s])
+			}
+			next[s]++
+			if m.Attributes.Sequence <= lastSeq {
+				t.Fatalf("sequence %d after %d", m.Attributes.Sequence, lastSeq)
+			}
+			lastSeq = m.Attributes.Sequence
+			got++
+		}
+		ackAllSync(t, ds, tx)
+	}
+}

@@ -47,7 +47,8 @@ func (p peerService) WaitRead(ctx context.Context, req *registrypb.WaitReadReque
 // before it answers the client, so the client's next call through any
 // replica finds the change. It returns the replicas' errors joined (a
 // replica that is gone or slow); the change itself is made either way and
-// reaches that replica when it reads the log.
+// reaches that replica when it reads the log. A replica without the service
+// (an older version, during a rolling upgrade) is not waited for.
 func (r *Registry) Propagate(ctx context.Context, conns map[string]grpc.ClientConnInterface) error {
 	writer, version := r.Written()
 	if version == 0 || len(conns) == 0 {
@@ -65,7 +66,11 @@ func (r *Registry) Propagate(ctx context.Context, conns map[string]grpc.ClientCo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := registrypb.NewRegistryPeerClient(c).WaitRead(ctx, req); err != nil {
+			_, err := registrypb.NewRegistryPeerClient(c).WaitRead(ctx, req)
+			if status.Code(err) == codes.Unimplemented {
+				err = nil // a replica of a version before this service (a rolling upgrade): not waited for
+			}
+			if err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("replica at %s: %w", addr, err))
 				mu.Unlock()

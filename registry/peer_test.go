@@ -99,6 +99,22 @@ func TestPropagate(t *testing.T) {
 	if _, err := registrypb.NewRegistryPeerClient(bconn).WaitRead(ctx, &registrypb.WaitReadRequest{}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("WaitRead without a writer: %v, want INVALID_ARGUMENT", err)
 	}
+	// A replica of an older version, without the service: not waited for.
+	olis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := grpc.NewServer()
+	go old.Serve(olis)
+	defer old.Stop()
+	oconn, err := grpc.NewClient(olis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oconn.Close()
+	if err := a.Propagate(ctx, map[string]grpc.ClientConnInterface{olis.Addr().String(): oconn, baddr: bconn}); err != nil {
+		t.Fatalf("Propagate with a replica that lacks the service: %v", err)
+	}
 	// A replica that is gone: an error naming it, within PropagateWait.
 	dead, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

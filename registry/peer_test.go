@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,15 +19,18 @@ import (
 )
 
 // servePeer serves r's peer service on a loopback port and returns a
-// connection to it.
-func servePeer(t *testing.T, r *registry.Registry) (string, *grpc.ClientConn) {
+// connection to it; with r nil, a server without the service (a replica of
+// an older version).
+func servePeer(t testing.TB, r *registry.Registry) (string, *grpc.ClientConn) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	registry.RegisterPeer(srv, r)
+	if r != nil {
+		registry.RegisterPeer(srv, r)
+	}
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -47,17 +49,10 @@ func TestPropagate(t *testing.T) {
 	ch := uniqueChannel(t)
 	a := open(t, dial(t, addr), ch)
 	defer a.Close()
-	b, err := registry.Open(context.Background(), registry.Options{Client: dial(t, addr), Channel: ch,
-		Logger: zaptest.NewLogger(t), FollowDelay: 150 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := openLate(t, dial(t, addr), ch, 150*time.Millisecond)
 	defer b.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := b.WaitReplayed(ctx); err != nil {
-		t.Fatal(err)
-	}
 	baddr, bconn := servePeer(t, b)
 	peers := map[string]grpc.ClientConnInterface{baddr: bconn}
 	if err := a.Propagate(ctx, peers); err != nil {
@@ -92,7 +87,7 @@ func TestPropagate(t *testing.T) {
 	// Propagate reports the replica.
 	short, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
-	_, err = registrypb.NewRegistryPeerClient(bconn).WaitRead(short, &registrypb.WaitReadRequest{Writer: "nobody", Version: 1})
+	_, err := registrypb.NewRegistryPeerClient(bconn).WaitRead(short, &registrypb.WaitReadRequest{Writer: "nobody", Version: 1})
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("WaitRead of a write never made: %v, want DEADLINE_EXCEEDED", err)
 	}
@@ -100,19 +95,8 @@ func TestPropagate(t *testing.T) {
 		t.Fatalf("WaitRead without a writer: %v, want INVALID_ARGUMENT", err)
 	}
 	// A replica of an older version, without the service: not waited for.
-	olis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := grpc.NewServer()
-	go old.Serve(olis)
-	defer old.Stop()
-	oconn, err := grpc.NewClient(olis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer oconn.Close()
-	if err := a.Propagate(ctx, map[string]grpc.ClientConnInterface{olis.Addr().String(): oconn, baddr: bconn}); err != nil {
+	oaddr, oconn := servePeer(t, nil)
+	if err := a.Propagate(ctx, map[string]grpc.ClientConnInterface{oaddr: oconn, baddr: bconn}); err != nil {
 		t.Fatalf("Propagate with a replica that lacks the service: %v", err)
 	}
 	// A replica that is gone: an error naming it, within PropagateWait.
@@ -148,20 +132,8 @@ func BenchmarkPropagate(b *testing.B) {
 		return r
 	}
 	w, other := openB(), openB()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	registry.RegisterPeer(srv, other)
-	go srv.Serve(lis)
-	b.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	peers := map[string]grpc.ClientConnInterface{lis.Addr().String(): conn}
+	oaddr, conn := servePeer(b, other)
+	peers := map[string]grpc.ClientConnInterface{oaddr: conn}
 	for _, propagate := range []bool{false, true} {
 		name := "write"
 		if propagate {

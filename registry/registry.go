@@ -377,11 +377,17 @@ func (r *Registry) WaitRead(ctx context.Context, writer string, version uint64) 
 	if writer == r.opts.ReplicaID {
 		return nil // its own writes are applied as they are made
 	}
+	return r.awaitApplied(ctx, func() bool { return r.readMax[writer] >= version })
+}
+
+// awaitApplied waits until done (called under appliedMu) holds after an
+// applied step of the follow stream, or ctx ends, or the registry closes.
+func (r *Registry) awaitApplied(ctx context.Context, done func() bool) error {
 	for {
 		r.appliedMu.Lock()
-		done, ch := r.readMax[writer] >= version, r.appliedCh
+		ok, ch := done(), r.appliedCh
 		r.appliedMu.Unlock()
-		if done {
+		if ok {
 			return nil
 		}
 		select {
@@ -583,19 +589,7 @@ func (r *Registry) CatchUp(ctx context.Context) error {
 	}
 	cancel()
 	sub.Close()
-	for {
-		r.appliedMu.Lock()
-		done, ch := r.applied >= target, r.appliedCh
-		r.appliedMu.Unlock()
-		if done {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return r.awaitApplied(ctx, func() bool { return r.applied >= target })
 }
 
 // snapshotLoop rewrites the live records every SnapshotInterval, unless

@@ -51,17 +51,8 @@ type testPeers struct {
 
 // Propagate is proxy.Peers.Propagate on the test's replicas.
 func (p testPeers) Propagate(ctx context.Context) {
-	conns := map[string]grpc.ClientConnInterface{}
-	for _, m := range p.c.Members() {
-		if m.ID != p.c.ID() && m.Addr != "" {
-			c, err := p.p.Conn(m.Addr)
-			if err != nil {
-				continue
-			}
-			conns[m.Addr] = c
-		}
-	}
-	if err := p.env.reg.Propagate(ctx, conns); err != nil {
+	conns, err := p.p.Others(p.c)
+	if err := errors.Join(err, p.env.reg.Propagate(ctx, conns)); err != nil {
 		p.env.log.Warn("topology change not confirmed by every replica", zap.Error(err))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -146,6 +147,26 @@ func (p *Peers) Conn(addr string) (grpc.ClientConnInterface, error) {
 	}
 	p.cs[addr] = c
 	return c, nil
+}
+
+// Others returns connections to every other live replica of c that
+// advertises a peer address, by address; err joins the replicas that could
+// not be dialled.
+func (p *Peers) Others(c *Cluster) (conns map[string]grpc.ClientConnInterface, err error) {
+	conns = map[string]grpc.ClientConnInterface{}
+	var errs []error
+	for _, m := range c.Members() {
+		if m.ID == c.ID() || m.Addr == "" {
+			continue
+		}
+		cc, err := p.Conn(m.Addr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("replica %s: %w", m.ID, err))
+			continue
+		}
+		conns[m.Addr] = cc
+	}
+	return conns, errors.Join(errs...)
 }
 
 // outgoing adds the secret and the forwarded mark to ctx, keeping the caller's own metadata

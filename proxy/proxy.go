@@ -151,17 +151,9 @@ func (p *Peers) Conn(addr string) (grpc.ClientConnInterface, error) { return p.p
 // after a topology change, before it answers. A replica that cannot be
 // reached in time is logged and not waited for further.
 func (p *Peers) Propagate(ctx context.Context) {
-	conns := map[string]grpc.ClientConnInterface{}
-	for _, m := range p.c.Members() {
-		if m.ID == p.c.ID() || m.Addr == "" {
-			continue
-		}
-		c, err := p.p.Conn(m.Addr)
-		if err != nil {
-			p.log.Warn("topology change not confirmed by a replica", zap.String("replica", m.ID), zap.Error(err))
-			continue
-		}
-		conns[m.Addr] = c
+	conns, err := p.p.Others(p.c)
+	if err != nil {
+		p.log.Warn("topology change not confirmed by a replica", zap.Error(err))
 	}
 	if err := p.reg.Propagate(ctx, conns); err != nil && ctx.Err() == nil {
 		p.log.Warn("topology change not confirmed by every replica; they apply it when they read the registry log", zap.Error(err))

@@ -321,7 +321,9 @@ func TestPendingPublishBytesReleasedByClosingChannel(t *testing.T) {
 	}
 	p.send(1, &wire.ChannelCloseOk{})
 	p.openChannel(1)
-	if got := serverConn(t, e).pending.Load(); got != 0 {
-		t.Fatalf("%d pending bytes left", got)
-	}
+	// close-ok frees the channel number at once (channel 1 opens again)
+	// while the old channel still discards what was queued behind the
+	// refused publish: its bytes come back shortly after, never not at all.
+	c := serverConn(t, e)
+	eventually(t, "pending bytes back to 0", func() bool { return c.pending.Load() == 0 })
 }

@@ -269,8 +269,12 @@ type dispatcher struct {
 	single    bool        // x-single-active-consumer: only active receives (singleactive.go)
 	active    *consumer   // the single active consumer; nil when none or not single
 
-	list  atomic.Pointer[[]*consumer]
-	count uint64 // deliveries made (the goroutine's)
+	list atomic.Pointer[[]*consumer]
+	// localDepth is the largest per-consumer prefetch among the consumers
+	// of list served on this replica that acknowledge; 0 when there is
+	// none. Other replicas' consumers are kept to it (peerLink.roomLocked).
+	localDepth atomic.Int64
+	count      uint64 // deliveries made (the goroutine's)
 }
 
 // newDispatcher starts q's dispatcher; the caller holds q.vh.mu.
@@ -309,18 +313,24 @@ func (d *dispatcher) remove(cs *consumer) {
 // publishLocked stores the list the goroutine delivers to: every consumer,
 // or with a single active consumer that one alone.
 func (d *dispatcher) publishLocked() {
-	if !d.single {
-		l := slices.Clone(d.consumers)
-		d.list.Store(&l)
-		return
-	}
-	if d.active == nil {
-		d.active = nextActive(d.consumers)
-	}
 	l := []*consumer{}
-	if d.active != nil {
-		l = append(l, d.active)
+	if !d.single {
+		l = slices.Clone(d.consumers)
+	} else {
+		if d.active == nil {
+			d.active = nextActive(d.consumers)
+		}
+		if d.active != nil {
+			l = append(l, d.active)
+		}
 	}
+	depth := 0
+	for _, cs := range l {
+		if cs.peer == nil && !cs.noAck {
+			depth = max(depth, int(cs.prefetch))
+		}
+	}
+	d.localDepth.Store(int64(depth))
 	d.list.Store(&l)
 }
 
@@ -501,7 +511,7 @@ func (cs *consumer) activeLocked() bool {
 // creditLocked is how many more deliveries cs may have in flight.
 func (cs *consumer) creditLocked() int {
 	if cs.peer != nil {
-		return max(min(cs.peer.credit, fetchBatch), 0)
+		return max(min(cs.peer.credit, fetchBatch, cs.peer.roomLocked()), 0)
 	}
 	if cs.noAck {
 		return fetchBatch

@@ -246,6 +246,9 @@ func (ch *channel) openLink(pc peerpb.AMQPPeerClient, q *queue, cs *consumer) (*
 		open.SingleActive = q.singleActive
 		open.Batch = true
 		open.NoAck = cs.noAck
+		if !cs.noAck {
+			open.Prefetch = uint32(cs.prefetch)
+		}
 	}
 	timer := time.AfterFunc(ownerWait, end) // a holder that does not answer
 	stream, err := pc.Link(ctx)
@@ -654,6 +657,7 @@ func (l *fwdLink) deliver(d *peerpb.Delivery) {
 		if l.stale == nil {
 			l.stale = time.AfterFunc(fwdReadAheadHold, l.checkStale)
 		}
+		l.reportLocked() // the holder counts it as ready
 		ch.dmu.Unlock()
 		return
 	}

@@ -38,6 +38,30 @@ func readyThrough(t *testing.T, r *replica, queue string, want int) {
 	}
 }
 
+// releaseHold cancels holdOn's consumer (its channel keeps the unacknowledged message it got):
+// the holder keeps the queue (the other replica's consumer is registered there) with no consumer
+// of its own, so a forwarded consumer's read-ahead is not kept to the depth of one
+// (TestForwardedReadAheadKeptToLocalDepth).
+func releaseHold(t *testing.T, hold *amqp.Channel, name string) {
+	t.Helper()
+	if err := hold.Cancel("hold."+name, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// linkOut waits until r, the holder of queue name, has want deliveries out on its one link.
+func linkOut(t *testing.T, r *replica, name string, want int) {
+	t.Helper()
+	l := holderLink(t, r, name)
+	deadline := time.Now().Add(10 * time.Second)
+	for l.outstanding() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("holder has %d out on the link for %s, want %d", l.outstanding(), name, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // A forwarded consumer reads ahead beyond its client's prefetch, but the buffer is not the
 // client's: its client never gets more than its prefetch, message counts through either
 // replica count the buffer as ready, and a cancel or a channel closing gives it back to the
@@ -68,6 +92,9 @@ func TestForwardedReadAheadReturned(t *testing.T) {
 				}
 				held = append(held, d.MessageId)
 			}
+			// The holder's own consumer keeps the link to its depth; without it the link reads
+			// ahead.
+			releaseHold(t, hold, name)
 			// The read-ahead (4: twice the prefetch) is ready in the counts, through both replicas.
 			readyThrough(t, a, name, n-3)
 			readyThrough(t, b, name, n-3)
@@ -77,9 +104,7 @@ func TestForwardedReadAheadReturned(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 			// The holder has 6 out on the link: the client's 2 and the read-ahead.
-			if out := holderLink(t, a, name).outstanding(); out != 6 {
-				t.Fatalf("holder has %d out on the link, want 6", out)
-			}
+			linkOut(t, a, name, 6)
 			if how == "cancel" {
 				if err := chb.Cancel("fwd", false); err != nil {
 					t.Fatal(err)
@@ -144,7 +169,7 @@ func TestForwardedReadAheadStale(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
 	ca := a.dial()
-	holdOn(t, rs, a, ca, "ra.stale", 4)
+	_, hold := holdOn(t, rs, a, ca, "ra.stale", 4)
 	chb := b.channel(b.dial())
 	if err := chb.Qos(1, 0, false); err != nil {
 		t.Fatal(err)
@@ -156,6 +181,8 @@ func TestForwardedReadAheadStale(t *testing.T) {
 	if d := mustRecv(t, db, "slow"); d.MessageId != "1" {
 		t.Fatalf("slow got %s first", d.MessageId)
 	}
+	releaseHold(t, hold, "ra.stale")
+	linkOut(t, a, "ra.stale", 3) // "1" and the read-ahead "2" and "3"
 	// The slow client never acks; the two messages its replica read ahead go back.
 	free := a.channel(ca)
 	if err := free.Qos(5, 0, false); err != nil {
@@ -263,4 +290,58 @@ func TestForwardedReadAheadPrefetchAndSplit(t *testing.T) {
 			t.Fatalf("%s got %d of %d: not within 20 %% of an even split (%v)", tag, k, n, per)
 		}
 	}
+}
+
+// While the holder serves a consumer of its own that acknowledges within a prefetch, a
+// forwarded consumer's link has no more out than the larger of its client's prefetch and that
+// consumer's: its read-ahead would otherwise take a larger share of every batch than the local
+// consumer's prefetch allows it (TestAMQPFleet measured 0.73-0.87 of an even share for the
+// holder's consumer). With the local consumer gone, the read-ahead comes back.
+func TestForwardedReadAheadKeptToLocalDepth(t *testing.T) {
+	holdReadAhead(t)
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	ca := a.dial()
+	const name, n = "ra.depth", 40
+	if _, err := a.channel(ca).QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitKnown(t, rs, name)
+	open := func(r *replica, c *amqp.Connection, tag string, prefetch int) (*amqp.Channel, <-chan amqp.Delivery) {
+		ch := r.channel(c)
+		if err := ch.Qos(prefetch, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := ch.Consume(name, tag, false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch, ds
+	}
+	local, dl := open(a, ca, "local", 4)
+	if owner(t, rs, name) != a {
+		t.Fatal("a should hold the queue")
+	}
+	_, df := open(b, b.dial(), "forwarded", 3)
+	publishN(t, a.channel(ca), name, 0, n)
+	for range 4 {
+		mustRecv(t, dl, "local")
+	}
+	for range 3 {
+		mustRecv(t, df, "forwarded")
+	}
+	// The link: the client's 3 and one read ahead (the local consumer's depth is 4).
+	linkOut(t, a, name, 4)
+	time.Sleep(200 * time.Millisecond)
+	if out := holderLink(t, a, name).outstanding(); out != 4 {
+		t.Fatalf("holder has %d out on the link, want 4 (the local consumer's prefetch)", out)
+	}
+	readyThrough(t, a, name, n-4-3)
+	// The local consumer goes with its channel (its 4 back in the queue): the link reads ahead
+	// twice its client's prefetch.
+	if err := local.Close(); err != nil {
+		t.Fatal(err)
+	}
+	linkOut(t, a, name, 3+6)
+	readyThrough(t, a, name, n-3)
 }

@@ -351,7 +351,15 @@ type Open struct {
 	// Opened.no_ack settles each delivery as it sends it (RabbitMQ's no-ack
 	// is at-most-once: a delivery lost between the replicas is not sent
 	// again); the caller then sends no Settle for them.
-	NoAck         bool `protobuf:"varint,9,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	NoAck bool `protobuf:"varint,9,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	// prefetch: the consumer's per-consumer prefetch (basic.qos), 0 when it
+	// has none. Its replica may read ahead beyond it (Opened.read_ahead);
+	// while the holder has a consumer of its own on the queue that
+	// acknowledges within a prefetch, it keeps the link's deliveries out to
+	// the larger of this prefetch and its own consumers' (the same depth for
+	// every consumer: see the holder's dispatcher). 0 (or a caller of an
+	// earlier version): no such bound.
+	Prefetch      uint32 `protobuf:"varint,10,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +455,13 @@ func (x *Open) GetNoAck() bool {
 		return x.NoAck
 	}
 	return false
+}
+
+func (x *Open) GetPrefetch() uint32 {
+	if x != nil {
+		return x.Prefetch
+	}
+	return 0
 }
 
 type Credit struct {
@@ -1325,7 +1340,7 @@ const file_peer_proto_rawDesc = "" +
 	"\x06settle\x18\x03 \x01(\v2 .kubemqproxy.amqp.peer.v1.SettleH\x00R\x06settle\x121\n" +
 	"\x03get\x18\x04 \x01(\v2\x1d.kubemqproxy.amqp.peer.v1.GetH\x00R\x03get\x12:\n" +
 	"\x06cancel\x18\x05 \x01(\v2 .kubemqproxy.amqp.peer.v1.CancelH\x00R\x06cancelB\x06\n" +
-	"\x04kind\"\xa1\x02\n" +
+	"\x04kind\"\xbd\x02\n" +
 	"\x04Open\x128\n" +
 	"\x05queue\x18\x01 \x01(\v2\".kubemqproxy.amqp.peer.v1.QueueRefR\x05queue\x12\x18\n" +
 	"\aconsume\x18\x02 \x01(\bR\aconsume\x12!\n" +
@@ -1335,7 +1350,9 @@ const file_peer_proto_rawDesc = "" +
 	"\x06credit\x18\x06 \x01(\rR\x06credit\x12#\n" +
 	"\rsingle_active\x18\a \x01(\bR\fsingleActive\x12\x14\n" +
 	"\x05batch\x18\b \x01(\bR\x05batch\x12\x15\n" +
-	"\x06no_ack\x18\t \x01(\bR\x05noAck\"6\n" +
+	"\x06no_ack\x18\t \x01(\bR\x05noAck\x12\x1a\n" +
+	"\bprefetch\x18\n" +
+	" \x01(\rR\bprefetch\"6\n" +
 	"\x06Credit\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\rR\x03add\x12\x1a\n" +
 	"\bbuffered\x18\x02 \x01(\rR\bbuffered\"\x85\x01\n" +

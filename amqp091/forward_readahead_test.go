@@ -295,7 +295,7 @@ func TestForwardedReadAheadPrefetchAndSplit(t *testing.T) {
 // While the holder serves a consumer of its own that acknowledges within a prefetch, a
 // forwarded consumer's link has no more out than the larger of its client's prefetch and that
 // consumer's: its read-ahead would otherwise take a larger share of every batch than the local
-// consumer's prefetch allows it (TestAMQPFleet measured 0.73-0.87 of an even share for the
+// consumer's prefetch allows it (TestAMQPFleet measured 0.73-0.91 of an even share for the
 // holder's consumer). With the local consumer gone, the read-ahead comes back.
 func TestForwardedReadAheadKeptToLocalDepth(t *testing.T) {
 	holdReadAhead(t)

@@ -349,7 +349,7 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 // credit allows. The other replica reads ahead beyond its client's
 // prefetch (a buffer there covers the link's round trip), so a link with
 // credit would take more of every batch than a consumer served here, whose
-// depth is its prefetch: measured, the holder's own consumer got 0.73-0.87
+// depth is its prefetch: measured, the holder's own consumer got 0.73-0.91
 // of an even share against two forwarded ones. While this replica serves a
 // consumer of the queue that acknowledges within a prefetch, a link keeps
 // to the larger of its client's prefetch and the deepest such consumer's,

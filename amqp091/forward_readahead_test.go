@@ -307,22 +307,11 @@ func TestForwardedReadAheadKeptToLocalDepth(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitKnown(t, rs, name)
-	open := func(r *replica, c *amqp.Connection, tag string, prefetch int) (*amqp.Channel, <-chan amqp.Delivery) {
-		ch := r.channel(c)
-		if err := ch.Qos(prefetch, 0, false); err != nil {
-			t.Fatal(err)
-		}
-		ds, err := ch.Consume(name, tag, false, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ch, ds
-	}
-	local, dl := open(a, ca, "local", 4)
+	local, dl := consumeWith(t, a.env, ca, name, 4, nil)
 	if owner(t, rs, name) != a {
 		t.Fatal("a should hold the queue")
 	}
-	_, df := open(b, b.dial(), "forwarded", 3)
+	_, df := consumeWith(t, b.env, b.dial(), name, 3, nil)
 	publishN(t, a.channel(ca), name, 0, n)
 	for range 4 {
 		mustRecv(t, dl, "local")

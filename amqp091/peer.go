@@ -320,11 +320,7 @@ func (l *peerLink) stopConsumer(gone bool) {
 // dispatcher's goroutine; never blocks).
 func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 	l.mu.Lock()
-	if cs.stopped || l.credit <= 0 || l.ctx.Err() != nil {
-		l.mu.Unlock()
-		return false
-	}
-	if l.roomLocked() <= 0 {
+	if cs.stopped || l.credit <= 0 || l.roomLocked() <= 0 || l.ctx.Err() != nil {
 		l.mu.Unlock()
 		return false
 	}
@@ -356,7 +352,7 @@ func (l *peerLink) deliver(cs *consumer, d *delivery.Delivery) bool {
 // as RabbitMQ keeps every consumer to its prefetch; with none, the
 // read-ahead is unbounded here. Under l.mu.
 func (l *peerLink) roomLocked() int {
-	if l.prefetch == 0 || l.cs == nil || l.cs.d == nil {
+	if l.prefetch == 0 || l.cs == nil { // a get link has no consumer
 		return math.MaxInt
 	}
 	depth := int(l.cs.d.localDepth.Load())

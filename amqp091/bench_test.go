@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/kubemq-io/kubemq-proxy/internal/proctest"
 )
 
 // Benchmarks of the issue, proxy (embedded KubeMQ) next to RabbitMQ when
@@ -533,7 +535,9 @@ func startRabbit() (string, error) {
 }
 
 func TestMain(m *testing.M) {
+	disarm := proctest.Watchdog()
 	code := m.Run()
+	disarm()
 	if rabbitStop != nil {
 		rabbitStop()
 	}

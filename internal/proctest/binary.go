@@ -107,9 +107,14 @@ func statSources() {
 }
 
 // Main is the TestMain of a suite that runs the binary: it runs the tests,
-// removes what Binary built and exits with the tests' code.
+// removes what Binary built and exits with the tests' code. Shortly before
+// the binary's -timeout it prints which tests still run, where their
+// goroutines wait and the ends of the live processes' logs, kills the
+// processes and exits (watchdog.go).
 func Main(m *testing.M) {
+	disarm := Watchdog()
 	code := m.Run()
+	disarm()
 	Cleanup()
 	os.Exit(code)
 }

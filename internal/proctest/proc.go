@@ -98,7 +98,8 @@ func Start(bin, name, dir string, want []string, args ...string) (*Proc, error) 
 		}
 	}()
 	// Wait only once the log is read to its end: Wait closes the pipe.
-	go func() { <-scanned; cmd.Wait(); close(p.done) }()
+	live.Store(p, struct{}{})
+	go func() { <-scanned; cmd.Wait(); live.Delete(p); close(p.done) }()
 	select {
 	case <-found:
 		return p, nil

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"sync"
@@ -106,14 +107,35 @@ func consumeOnce(ctx context.Context, r *replica, q string, l *ledger) error {
 		return err
 	}
 	closed := c.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 	for {
 		select {
 		case d, ok := <-ds:
 			if !ok {
-				if e := <-closed; e != nil {
-					return e
+				// The deliveries end with the connection, the channel, or a basic.cancel
+				// from the server, which leaves both open.
+				select {
+				case e := <-closed:
+					return closeErr("connection", e)
+				case e := <-chClosed:
+					return closeErr("channel", e)
+				case tag, ok := <-cancelled:
+					if !ok { // closed by the channel's shutdown: the close says why
+						select {
+						case e := <-closed:
+							return closeErr("connection", e)
+						case e := <-chClosed:
+							return closeErr("channel", e)
+						case <-ctx.Done():
+							return nil
+						}
+					}
+					l.serverCancel()
+					return fmt.Errorf("the server cancelled consumer %s (basic.cancel)", tag)
+				case <-ctx.Done():
+					return nil
 				}
-				return errors.New("delivery channel closed")
 			}
 			l.deliver(d.MessageId, r.name)
 			if err := d.Ack(false); err != nil {
@@ -126,6 +148,18 @@ func consumeOnce(ctx context.Context, r *replica, q string, l *ledger) error {
 		}
 	}
 }
+
+// closeErr is the error of a connection or channel that closed with e (nil: closed by the
+// client).
+func closeErr(what string, e *amqp.Error) error {
+	if e != nil {
+		return e
+	}
+	return errors.New(what + " closed")
+}
+
+// confirmWait bounds the wait for one publisher confirm.
+const confirmWait = 2 * time.Minute
 
 // publishAMQP sends n confirmed 1 KiB messages (message id 0..n-1) through the replicas in
 // turn, and returns their ids; fault, if set, runs once half of them are confirmed, after
@@ -152,8 +186,11 @@ func (f *fleet) publishAMQP(t testing.TB, q string, n int, fault func()) []strin
 	var pending []*amqp.DeferredConfirmation
 	wait := func() {
 		for _, d := range pending {
-			if ok, err := d.WaitContext(ctx); !ok || err != nil {
-				t.Fatalf("publish not confirmed: %v %v", ok, err)
+			wctx, cancel := context.WithTimeout(ctx, confirmWait)
+			ok, err := d.WaitContext(wctx)
+			cancel()
+			if !ok || err != nil {
+				t.Fatalf("publish %d not confirmed: %v %v", d.DeliveryTag, ok, err)
 			}
 		}
 		pending = pending[:0]

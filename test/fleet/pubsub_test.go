@@ -46,10 +46,25 @@ type ledger struct {
 	lastNew    time.Time     // when the last message was first delivered
 	last       time.Time     // the last delivery
 	maxGap     time.Duration // the longest pause between deliveries since mark
+	cancels    int           // AMQP consumers cancelled by the server (basic.cancel)
 }
 
 func newLedger() *ledger {
 	return &ledger{deliveries: map[string]int{}, byReplica: map[string]int{}, after: map[string]int{}, acked: map[string]time.Time{}, changed: make(chan struct{}, 1)}
+}
+
+// serverCancel counts an AMQP consumer cancelled by the server.
+func (l *ledger) serverCancel() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cancels++
+}
+
+// serverCancels is how many AMQP consumers the server cancelled.
+func (l *ledger) serverCancels() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cancels
 }
 
 // mark starts counting deliveries per replica afresh (after a fault).
@@ -160,6 +175,10 @@ func (l *ledger) report(t testing.TB, ids []string) (dups, afterAck int, split s
 	}
 	if lost > 0 {
 		t.Errorf("%d of %d messages lost", lost, len(ids))
+	}
+	if l.cancels > 0 {
+		// No run deletes its queue; a client that is not told to consume again would stop.
+		t.Errorf("the server cancelled %d AMQP consumers (basic.cancel) of a queue that still exists", l.cancels)
 	}
 	for _, n := range l.deliveries {
 		dups += n - 1

@@ -275,7 +275,7 @@ func TestAMQPFleetKill(t *testing.T) { amqpKill(t, 0, "the holder") }
 func TestAMQPFleetKillForwarder(t *testing.T) { amqpKill(t, 1, "a forwarder") }
 
 func amqpKill(t *testing.T, victimIndex int, what string) {
-	f := newFleet(t, 3)
+	f := newFleet(t, faultReplicas(t))
 	q := f.setupAMQP(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -305,7 +305,7 @@ func amqpKill(t *testing.T, victimIndex int, what string) {
 // own client's consumer: nothing is lost, no message comes twice, and the others' forwarded
 // consumers go on.
 func TestAMQPFleetStop(t *testing.T) {
-	f := newFleet(t, 3)
+	f := newFleet(t, faultReplicas(t))
 	q := f.setupAMQP(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -17,7 +17,8 @@
 //	go test ./test/fleet/ -run '^$' -bench BenchmarkFleet -benchtime=1x -v
 //
 // Knobs: FLEET_MESSAGES (per protocol, default 20000; -short 2000), FLEET_REPLICAS (the no-fault
-// TestAMQPFleet and TestPubSubFleet, 1 to 8, default 3), FLEET_LOGS=dir keeps the
+// TestAMQPFleet and TestPubSubFleet, 1 to 8, and the kill and SIGTERM runs of both protocols,
+// 2 to 8; default 3), FLEET_LOGS=dir keeps the
 // process logs, FLEET_LOG_LEVEL sets their level, PROXY_BIN uses a prebuilt binary,
 // FLEET_BENCH_MESSAGES sets BenchmarkFleet's messages per measurement (default 10000).
 package fleet

@@ -34,7 +34,7 @@ func randSuffix() string {
 	return hex.EncodeToString(b)
 }
 
-// replicas is how many replicas the no-fault fleet runs start: FLEET_REPLICAS (1 to 8), else 3.
+// replicas is how many replicas the main fleet runs start: FLEET_REPLICAS (1 to 8), else 3.
 func replicas(t testing.TB) int {
 	if v := os.Getenv("FLEET_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -44,6 +44,16 @@ func replicas(t testing.TB) int {
 		return n
 	}
 	return 3
+}
+
+// faultReplicas is replicas for a run that kills or stops one replica and checks what the
+// others do: at least 2.
+func faultReplicas(t testing.TB) int {
+	n := replicas(t)
+	if n < 2 {
+		t.Skipf("FLEET_REPLICAS=%d: a fault run needs 2 replicas or more", n)
+	}
+	return n
 }
 
 // messages is how many messages a run sends per protocol.

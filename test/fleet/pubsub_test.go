@@ -346,7 +346,7 @@ func (f *fleet) waitStreams(t testing.TB, sub string, n int, d time.Duration) {
 
 // TestPubSubFleetKill: a replica is killed (-9) mid-run and started again: nothing is lost.
 func TestPubSubFleetKill(t *testing.T) {
-	f := newFleet(t, 3)
+	f := newFleet(t, faultReplicas(t))
 	topic, sub := f.setupPubSub(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -356,8 +356,10 @@ func TestPubSubFleetKill(t *testing.T) {
 	}
 	n := messages(t)
 	victim := f.replicas[0]
+	var killed time.Time
 	ids := f.publish(t, topic, n, func() {
 		l.mark()
+		killed = time.Now()
 		victim.p.Kill()
 		time.Sleep(time.Second)
 		victim.start()
@@ -367,14 +369,15 @@ func TestPubSubFleetKill(t *testing.T) {
 	cancel()
 	wg.Wait()
 	dups, afterAck, split := l.report(t, ids)
-	t.Logf("FLEET pubsub kill -9: %d messages, %d duplicates (%d of acked messages: %s), per replica:%s", n, dups, afterAck, l.ackedSpan(afterAck), split)
+	t.Logf("FLEET pubsub kill -9: %d messages, %d duplicates (%d of acked messages: %s), longest pause in deliveries after the kill %v, all delivered %v after it, per replica:%s",
+		n, dups, afterAck, l.ackedSpan(afterAck), l.gap().Round(time.Millisecond), l.lastAt().Sub(killed).Round(time.Millisecond), split)
 	f.checkProblems()
 }
 
 // TestPubSubFleetStop: a replica is stopped (SIGTERM) mid-run: nothing is lost, and no acked
 // message comes back.
 func TestPubSubFleetStop(t *testing.T) {
-	f := newFleet(t, 3)
+	f := newFleet(t, faultReplicas(t))
 	topic, sub := f.setupPubSub(t)
 	l := newLedger()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -23,6 +23,12 @@ type metrics struct {
 
 	queueMsgsIn, queueBytesIn, queueMsgsOut, queueBytesOut *prometheus.CounterVec
 
+	// linkRequests counts the requests other replicas' links send this one
+	// (it holds the queue), by kind; linkCredit and linkSettle are two of
+	// its series, resolved once.
+	linkRequests           *prometheus.CounterVec
+	linkCredit, linkSettle prometheus.Counter
+
 	// publishLatency: a publish's content read to every queue copy stored in KubeMQ;
 	// deliveryLatency: KubeMQ's store time to a first delivery handed to a client.
 	publishLatency, deliveryLatency prometheus.Histogram
@@ -84,14 +90,16 @@ func newMetrics(reg prometheus.Registerer, maxQueues int) *metrics {
 		deliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "delivery_latency_seconds",
 			Help:    "Time from KubeMQ storing a message to its first delivery (basic.deliver, basic.get-ok) by this replica's lease engine.",
 			Buckets: deliveryLatencyBuckets}),
-		queues:    map[queueLabel]*queueStats{},
-		maxQueues: maxQueues,
+		linkRequests: cv("peer_link_requests_total", "Requests received from other replicas' forwarded consumers and gets, by kind (open, credit, settle, get, cancel).", "kind"),
+		queues:       map[queueLabel]*queueStats{},
+		maxQueues:    maxQueues,
 	}
+	m.linkCredit, m.linkSettle = m.linkRequests.WithLabelValues("credit"), m.linkRequests.WithLabelValues("settle")
 	m.other = m.statsFor(queueLabel{otherQueue, otherQueue})
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.connections, m.channels, m.consumers, m.blocked, m.published, m.unroutable,
 			m.routed, m.delivered, m.acked, m.requeued, m.storeFailures, m.confirms, m.errors, m.deadLettered, m.dropped,
-			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut, m.publishLatency, m.deliveryLatency} {
+			m.queueMsgsIn, m.queueBytesIn, m.queueMsgsOut, m.queueBytesOut, m.publishLatency, m.deliveryLatency, m.linkRequests} {
 			// A second Server on the same registry (tests) keeps counting
 			// in its own series; registration errors are not fatal.
 			_ = reg.Register(col)

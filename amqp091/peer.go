@@ -157,6 +157,7 @@ func (p *peerService) Link(stream peerpb.AMQPPeer_LinkServer) error {
 	if open == nil {
 		return status.Error(codes.InvalidArgument, "kubemq-proxy: a link starts with Open")
 	}
+	s.m.linkRequests.WithLabelValues("open").Inc()
 	if err := checkRef(open.Queue); err != nil {
 		return err
 	}
@@ -470,6 +471,7 @@ func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
 		}
 		switch k := req.Kind.(type) {
 		case *peerpb.LinkRequest_Credit:
+			l.s.m.linkCredit.Inc()
 			if l.cs == nil {
 				continue
 			}
@@ -481,12 +483,15 @@ func (l *peerLink) recvLoop(stream peerpb.AMQPPeer_LinkServer) error {
 				l.cs.d.wake()
 			}
 		case *peerpb.LinkRequest_Settle:
+			l.s.m.linkSettle.Inc()
 			l.settle(k.Settle)
 		case *peerpb.LinkRequest_Cancel:
+			l.s.m.linkRequests.WithLabelValues("cancel").Inc()
 			// Answered once no delivery can follow: basic.cancel-ok.
 			l.stopConsumer(true)
 			l.enqueue(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{}}})
 		case *peerpb.LinkRequest_Get:
+			l.s.m.linkRequests.WithLabelValues("get").Inc()
 			if err := l.get(); err != nil {
 				return err
 			}

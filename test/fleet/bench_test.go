@@ -64,11 +64,15 @@ func BenchmarkFleet(b *testing.B) {
 			}
 			fmt.Fprintf(&table, "%-7s %-8s %10.0f %10.0f %10.0f %8.2f %8.2f\n", proto, measure, rates[0], rates[1], rates[2], rates[1]/rates[0], rates[2]/rates[0])
 		}
-		own, fwd := f.benchForward(b, proto, n)
+		own, fwd, perMsg := f.benchForward(b, proto, n)
 		b.ReportMetric(own, proto+"-owner-msg/s")
 		b.ReportMetric(fwd, proto+"-forwarded-msg/s")
 		b.ReportMetric(fwd/own, proto+"-forwarded/owner")
 		fmt.Fprintf(&table, "%-7s one consumer: on the holder %.0f msg/s, forwarded %.0f msg/s (%.2f)\n", proto, own, fwd, fwd/own)
+		if proto == "amqp" {
+			b.ReportMetric(perMsg, "amqp-link-requests/msg")
+			fmt.Fprintf(&table, "%-7s link requests (credit and settle) the holder received per forwarded delivery: %.3f\n", proto, perMsg)
+		}
 		peak, heap := f.memory(b)
 		b.ReportMetric(peak/(1<<20), proto+"-max-peak-rss-MiB")
 		b.ReportMetric(heap/(1<<20), proto+"-max-heap-MiB")
@@ -156,8 +160,9 @@ func (f *fleet) benchRun(b *testing.B, proto string, rs []*replica, n int, stead
 
 // benchForward drains a backlog of n with one consumer on the holder, then with one consumer
 // on another replica while the holder keeps the queue through a consumer that holds one message
-// (present in both runs).
-func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd float64) {
+// (present in both runs). For AMQP, perMsg is the credit and settle requests the holder
+// received per forwarded delivery.
+func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMsg float64) {
 	h := f.replicas[0]
 	for i, on := range []*replica{h, f.replicas[1]} {
 		topic, target, key := f.benchTarget(b, proto, f.replicas)
@@ -174,12 +179,16 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd float6
 		gate := make(chan struct{})
 		benchConsume(ctx, b, &wg, proto, on, target, l, gate, -1)
 		time.Sleep(2 * time.Second)
+		before := linkRequests(b, h)
 		start := time.Now()
 		close(gate)
 		profiled := profileDuring(b, proto, i, []*replica{h, on})
 		l.waitFor(b, n-1, 10*time.Minute)
 		took := time.Since(start)
 		profiled()
+		if i == 1 {
+			perMsg = (linkRequests(b, h) - before) / float64(n-1)
+		}
 		cancel()
 		wg.Wait()
 		rate := float64(n-1) / took.Seconds()
@@ -192,7 +201,17 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd float6
 		}
 		b.Logf("%s one consumer %s: %d messages in %v (%.0f msg/s)", proto, where, n-1, took.Round(time.Millisecond), rate)
 	}
-	return own, fwd
+	return own, fwd, perMsg
+}
+
+// linkRequests is the credit and settle requests r received from other replicas' AMQP links.
+func linkRequests(b *testing.B, r *replica) float64 {
+	m, err := proctest.Scrape(r.addr("http"))
+	if err != nil {
+		b.Fatalf("%s: %v", r.name, err)
+	}
+	const name = "kubemq_proxy_amqp_peer_link_requests_total"
+	return m[name+`{kind="credit"}`] + m[name+`{kind="settle"}`]
 }
 
 // benchConsume runs one consumer of target on r until ctx ends; it acks nothing before gate

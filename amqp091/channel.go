@@ -1,6 +1,7 @@
 package amqp091
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,10 +35,12 @@ type channel struct {
 	id   uint16
 	log  *zap.Logger
 	cmds chan command
-	// unflushed: links with settlements waiting to go; the channel sends
-	// them once it has no command queued, so that a client's run of acks
-	// leaves in one message per link (the channel's goroutine).
-	unflushed []*fwdLink
+	// unflushed: links with settlements or credit waiting to go; the
+	// channel sends them once it has no command queued, or after
+	// flushEvery commands, so that a client's run of acks leaves in one
+	// Settle and one Credit per link (the channel's goroutine).
+	unflushed  []*fwdLink
+	sinceFlush int // commands handled since unflushed was last sent
 
 	done chan struct{} // closed when run has returned
 	wake chan struct{} // cap 1: posted work or confirms are waiting
@@ -158,8 +161,10 @@ func (ch *channel) run() {
 		select {
 		case cmd := <-ch.cmds:
 			ch.handle(cmd)
-			if len(ch.unflushed) > 0 && (len(ch.cmds) == 0 || ch.finished) {
-				ch.flushLinks()
+			if len(ch.unflushed) > 0 {
+				if ch.sinceFlush++; len(ch.cmds) == 0 || ch.finished || ch.sinceFlush >= flushEvery {
+					ch.flushLinks()
+				}
 			}
 		case <-ch.wake:
 			ch.runPosted()
@@ -170,13 +175,36 @@ func (ch *channel) run() {
 	}
 }
 
-// flushLinks sends the settlements the channel's links have waiting.
+// flushEvery bounds how many commands a busy channel handles before it
+// sends what its links have waiting: a client whose commands never pause
+// still frees its forwarded consumers' credit.
+const flushEvery = 64
+
+// flushSoon marks l to be flushed by flushLinks; grant: its client freed
+// slots, so the holder's credit is topped up then too.
+func (ch *channel) flushSoon(l *fwdLink, grant bool) {
+	if grant {
+		l.grantDue = true
+	}
+	if !slices.Contains(ch.unflushed, l) {
+		ch.unflushed = append(ch.unflushed, l)
+	}
+}
+
+// flushLinks sends the settlements the channel's links have waiting, then
+// the credit their clients freed (grant sends it after the settlements, so
+// the holder counts the acked deliveries out before it sends more).
 func (ch *channel) flushLinks() {
 	for i, l := range ch.unflushed {
+		if l.grantDue {
+			l.grantDue = false
+			l.grant()
+		}
 		l.flush()
 		ch.unflushed[i] = nil
 	}
 	ch.unflushed = ch.unflushed[:0]
+	ch.sinceFlush = 0
 }
 
 // send queues a method for the client on this channel.

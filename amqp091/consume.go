@@ -888,9 +888,7 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 		// Soon (ch.run: once no command is queued, or with the link's next
 		// request): a holder that stops settles what it has heard of, and
 		// requeues the rest.
-		if !slices.Contains(ch.unflushed, l) {
-			ch.unflushed = append(ch.unflushed, l)
-		}
+		ch.flushSoon(l, false)
 		ch.c.srv.m.acked.Add(float64(len(k.ack) + len(k.reject)))
 		ch.c.srv.m.requeued.Add(float64(len(k.back)))
 		ch.dmu.Lock()
@@ -912,9 +910,15 @@ func (ch *channel) kickConsumers() {
 		}
 		ch.dmu.Lock()
 		l := cs.fwd
+		if l != nil {
+			// The read-ahead fills the freed slots now; the holder hears of
+			// them with the settlements, once no command is queued
+			// (flushLinks): one credit per run of acks, not one per ack.
+			l.handLocked()
+		}
 		ch.dmu.Unlock()
 		if l != nil {
-			l.grant()
+			ch.flushSoon(l, true)
 			continue
 		}
 		cs.q.vh.mu.Lock()

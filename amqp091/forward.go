@@ -175,6 +175,10 @@ type fwdLink struct {
 	// holderAcks: the holder settles this no-ack consumer's deliveries as
 	// it sends them (Opened.no_ack); this side sends no Settle for them.
 	holderAcks bool
+	// grantDue: the client freed slots since the channel last flushed l;
+	// flushLinks tops up the holder's credit after the settlements (the
+	// channel's goroutine).
+	grantDue bool
 
 	// Guarded by ch.dmu.
 	inflight  int           // credit granted and not used yet

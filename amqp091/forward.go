@@ -341,8 +341,10 @@ func (l *fwdLink) flushLocked() error {
 
 // grant hands the client what its window takes from the read-ahead, then
 // tops up the holder's credit for l's consumer to what the client's
-// prefetch (and the read-ahead) allows. A consumer with a prefetch and no
-// read-ahead gets each slot its client frees at once: holding credit back
+// prefetch (and the read-ahead) allows. The channel calls it for its acks
+// once it has no command queued (flushLinks), the link's reader after each
+// response. A consumer with a prefetch and no read-ahead gets each slot
+// its client frees in the next grant: holding credit back
 // until a quarter of the prefetch was free left the client idle for the
 // link's round trip (BenchmarkFleet, a forwarded consumer with prefetch
 // 100: 0.47-0.73x of one on the holder in quarters, 0.59-0.85x slot by

@@ -42,6 +42,7 @@ type ledger struct {
 	markAt     time.Time
 	acked      map[string]time.Time // first ack
 	afterAck   int                  // deliveries of a message after its ack
+	backAcked  []time.Time          // for each of those, when the message was first acked
 	changed    chan struct{}
 	lastNew    time.Time     // when the last message was first delivered
 	last       time.Time     // the last delivery
@@ -87,11 +88,22 @@ func (l *ledger) ackedSpan(n int) string {
 			acks++
 		}
 	}
+	// The acks that did not hold: the oldest of them, against the fault.
+	var oldest time.Duration
+	later := 0
+	for _, at := range l.backAcked {
+		if d := l.markAt.Sub(at); d > oldest {
+			oldest = d
+		} else if d < 0 {
+			later++
+		}
+	}
+	held := fmt.Sprintf("; those acked before the fault were acked within its last %v, %d after it", oldest.Round(time.Millisecond), later)
 	if acks == 0 {
-		return "no acks in the 2 s before the fault"
+		return "no acks in the 2 s before the fault" + held
 	}
 	rate := float64(acks) / window.Seconds()
-	return fmt.Sprintf("%.2f s of acks at the %.0f/s before the fault", float64(n)/rate, rate)
+	return fmt.Sprintf("%.2f s of acks at the %.0f/s before the fault", float64(n)/rate, rate) + held
 }
 
 // deliver records one delivery; it reports whether the message had been acked before.
@@ -111,8 +123,9 @@ func (l *ledger) deliver(id, replica string) {
 	if l.marked {
 		l.after[replica]++
 	}
-	if _, ok := l.acked[id]; ok {
+	if at, ok := l.acked[id]; ok {
 		l.afterAck++
+		l.backAcked = append(l.backAcked, at)
 	}
 	select {
 	case l.changed <- struct{}{}:

@@ -62,6 +62,10 @@ type peerLink struct {
 	credit  int
 	nextKey uint64
 	out     map[uint64]*delivery.Delivery // delivered and not settled, by key
+	// settling is how many deliveries settle has taken from out and not
+	// yet applied to the lease engine: still out for drainLinks, so that a
+	// stop does not give back a delivery whose ack is being applied.
+	settling int
 	sendq   []*peerpb.LinkResponse
 	ended   bool // finish ran: nothing may be added to out
 	batch   bool // the other replica takes Deliveries (Open.batch)
@@ -512,10 +516,16 @@ func (l *peerLink) settle(st *peerpb.Settle) {
 			ds = append(ds, d)
 		}
 	}
+	l.settling += len(ds)
 	l.mu.Unlock()
 	if len(ids) == 0 {
 		return
 	}
+	defer func(n int) {
+		l.mu.Lock()
+		l.settling -= n
+		l.mu.Unlock()
+	}(len(ds))
 	switch {
 	case st.Op == peerpb.Settle_RETURN && !l.q.isDeleted():
 		// The other replica's read-ahead: no client saw them.
@@ -674,11 +684,12 @@ func (s *Server) linksBuffered(ch string) uint32 {
 	return uint32(n)
 }
 
-// outstanding is how many deliveries l has out.
+// outstanding is how many deliveries l has out, counting those whose
+// settlement is being applied.
 func (l *peerLink) outstanding() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.out)
+	return len(l.out) + l.settling
 }
 
 func (p *peerService) Queue(ctx context.Context, req *peerpb.QueueRequest) (*peerpb.QueueResponse, error) {

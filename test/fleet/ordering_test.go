@@ -258,8 +258,9 @@ func orderedRun(t *testing.T, stop bool) {
 
 // kubemqMisordered reports, on an external KubeMQ, whether the holder h logged that KubeMQ
 // handed out a message of key after a later one of the key: the real KubeMQ v2.4.0 was seen
-// to answer a send before a later send's messages became visible to a Get (docs/kubemq.md
-// 10.6), which the ordered runtime cannot undo once the later message is delivered. That
+// to answer a send before its messages were visible to a Get, and to hand out a later send's
+// messages first (docs/kubemq.md 10.6), which the ordered runtime cannot undo once the later
+// message is delivered. That
 // case is logged as the known limit it is (README); any other violation fails the run.
 func kubemqMisordered(t *testing.T, h *replica, key string) bool {
 	if os.Getenv(kubemqtest.EnvAddress) == "" {

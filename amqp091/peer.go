@@ -66,9 +66,9 @@ type peerLink struct {
 	// yet applied to the lease engine: still out for drainLinks, so that a
 	// stop does not give back a delivery whose ack is being applied.
 	settling int
-	sendq   []*peerpb.LinkResponse
-	ended   bool // finish ran: nothing may be added to out
-	batch   bool // the other replica takes Deliveries (Open.batch)
+	sendq    []*peerpb.LinkResponse
+	ended    bool // finish ran: nothing may be added to out
+	batch    bool // the other replica takes Deliveries (Open.batch)
 	// noAck: the consumer is no-ack (Open.no_ack): each delivery is
 	// settled as it goes out, never kept in out.
 	noAck bool

@@ -19,6 +19,9 @@ type command struct {
 	body     []byte
 	tooLarge uint64 // body size of a message refused for exceeding MaxBodySize
 	pending  int64  // body bytes counted against MaxPendingPublishBytes until released
+	// connClose: the client closed the connection; the channel has handled
+	// every method the client sent before, and now shuts down silently.
+	connClose bool
 }
 
 // channelQueue is how many commands the reader may queue ahead of a
@@ -170,6 +173,32 @@ func (ch *channel) run() {
 			ch.runPosted()
 			ch.confirms.emit()
 		case <-ch.c.ctx.Done():
+			ch.settleQueued()
+			return
+		}
+	}
+}
+
+// settleQueued applies the acks, nacks and rejects still queued when the
+// connection ends without its close handshake (a connection error, a
+// dropped socket): the client sent them before what ended the connection,
+// so they stand, as in RabbitMQ, whose channels handle the methods they
+// received before they stop. Other methods are dropped.
+func (ch *channel) settleQueued() {
+	for {
+		select {
+		case cmd := <-ch.cmds:
+			switch cmd.m.(type) {
+			case *wire.BasicAck, *wire.BasicNack, *wire.BasicReject:
+				if !ch.finished && !ch.closing && ch.tx == nil {
+					ch.handle(cmd)
+				}
+			}
+			ch.c.unpend(cmd.pending)
+		default:
+			if len(ch.unflushed) > 0 {
+				ch.flushLinks()
+			}
 			return
 		}
 	}
@@ -213,6 +242,11 @@ func (ch *channel) send(m wire.Method) { ch.c.w.method(ch.id, m) }
 // handle runs one command and turns its error into a channel or
 // connection exception.
 func (ch *channel) handle(cmd command) {
+	if cmd.connClose {
+		ch.shutdown()
+		ch.finished = true
+		return
+	}
 	if ch.closing {
 		switch cmd.m.(type) {
 		case *wire.ChannelCloseOk:

@@ -100,6 +100,11 @@ type slot struct {
 	body      []byte
 	remaining uint64
 	discard   uint64 // body bytes of a refused (oversized) publish still to skip
+	// closing: the client closed the channel. Until its goroutine has
+	// finished the close, frames for it are dropped, as RabbitMQ drops what
+	// reaches a channel process that is stopping (amqp091-go sends a
+	// consume's basic.cancel after a concurrent channel.close).
+	closing bool
 }
 
 func newConn(s *Server, nc net.Conn, id uint64) *conn {
@@ -334,8 +339,11 @@ func (c *conn) handleConnectionMethod(m wire.Method) error {
 			c.reason = fmt.Sprintf("client closed the connection: %d %s", m.ReplyCode, m.ReplyText)
 		}
 		c.closeMu.Unlock()
-		// Channels give their deliveries back before the close-ok, so a
-		// client that reconnects at once finds them again.
+		// Channels handle what the client sent before the close (its
+		// publishes are stored, its acks applied), then give their
+		// deliveries back, before the close-ok: a client that reconnects at
+		// once finds them again.
+		c.closeChannels()
 		c.cancel()
 		waitTimeout(&c.chWG, channelStopTimeout)
 		c.w.method(0, &wire.ConnectionCloseOk{})
@@ -362,13 +370,18 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 		return wire.CommandInvalid("method %s is not allowed from a client on channel %d", m.Name(), id).OnMethod(m.ClassID(), m.MethodID())
 	}
 	s := c.channels[id]
+	if s != nil && s.closing {
+		if s = c.closedSlot(id, s, m); s != nil {
+			return nil
+		}
+	}
 	if s == nil {
 		switch m.(type) {
 		case *wire.ChannelOpen:
 			// RabbitMQ 3.10 limits how many channels are open, not their
 			// numbers (a number above channel_max is accepted).
-			if c.channelMax > 0 && len(c.channels) >= int(c.channelMax) {
-				return wire.NotAllowed("number of channels opened (%d) has reached the negotiated channel_max (%d)", len(c.channels), c.channelMax)
+			if n := c.openChannels(); c.channelMax > 0 && n >= int(c.channelMax) {
+				return wire.NotAllowed("number of channels opened (%d) has reached the negotiated channel_max (%d)", n, c.channelMax)
 			}
 			c.openChannel(id)
 			return nil
@@ -395,15 +408,88 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 	}
 	c.dispatch(s, command{m: m})
 	switch m.(type) {
-	case *wire.ChannelClose, *wire.ChannelCloseOk:
-		// The channel finishes its close; the number is free again.
+	case *wire.ChannelClose:
+		// The number is free again once the channel has handled what came
+		// before the close and sent close-ok (closedSlot).
+		s.closing = true
+	case *wire.ChannelCloseOk:
+		// The channel finishes the close it sent; the number is free again.
 		delete(c.channels, id)
 	}
 	return nil
 }
 
+// closeChannels ends every open channel after the commands queued in it
+// (a client's connection.close), waiting at most channelStopTimeout: a
+// channel that cannot finish them in time (KubeMQ unreachable) is stopped
+// by the connection's cancel after.
+func (c *conn) closeChannels() {
+	ctx, cancel := context.WithTimeout(c.ctx, channelStopTimeout)
+	defer cancel()
+	var ends []chan struct{}
+	for _, s := range c.channels {
+		if s.closing {
+			ends = append(ends, s.ch.done)
+			continue
+		}
+		s.closing = true
+		select {
+		case s.ch.cmds <- command{connClose: true}:
+			ends = append(ends, s.ch.done)
+		case <-s.ch.done:
+		case <-ctx.Done():
+			return
+		}
+	}
+	for _, done := range ends {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// openChannels counts the channels open, not those the client closed.
+func (c *conn) openChannels() int {
+	n := 0
+	for _, s := range c.channels {
+		if !s.closing {
+			n++
+		}
+	}
+	return n
+}
+
+// closedSlot handles method m for a channel the client closed: once the
+// channel's goroutine has ended, the number is free (nil: m is handled as
+// on an unopened channel); before, m is dropped (s returned). A
+// channel.open reuses the number after close-ok, which the goroutine sends
+// just before it ends: it waits for that end.
+func (c *conn) closedSlot(id uint16, s *slot, m wire.Method) *slot {
+	if _, open := m.(*wire.ChannelOpen); open {
+		t := time.NewTimer(channelStopTimeout)
+		defer t.Stop()
+		select {
+		case <-s.ch.done:
+		case <-t.C:
+		case <-c.ctx.Done():
+		}
+	}
+	select {
+	case <-s.ch.done:
+		delete(c.channels, id)
+		return nil
+	default:
+		return s
+	}
+}
+
 func (c *conn) handleHeader(f wire.Frame) error {
 	s := c.channels[f.Channel]
+	if s != nil && s.closing {
+		return nil // content of a publish sent after the channel's close
+	}
 	if s == nil || s.pub == nil || s.haveHdr {
 		return wire.UnexpectedFrame("expected method frame, got non method frame instead")
 	}
@@ -434,6 +520,9 @@ func (c *conn) handleHeader(f wire.Frame) error {
 func (c *conn) handleBody(f wire.Frame) error {
 	s := c.channels[f.Channel]
 	n := uint64(len(f.Payload))
+	if s != nil && s.closing {
+		return nil
+	}
 	if s != nil && s.discard > 0 {
 		if n > s.discard {
 			return wire.UnexpectedFrame("content body frames exceed the declared body size")

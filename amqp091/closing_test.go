@@ -1,0 +1,237 @@
+package amqp091
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/kubemq-io/kubemq-proxy/amqp091/wire"
+)
+
+// What a client sent before it closed its connection, or before the
+// method that made the server close it, is done: RabbitMQ's channels
+// handle their methods in order, and the close comes after them. A client
+// that acks and closes at once (a worker that exits) must not see its
+// messages again; one that publishes and closes must find them stored.
+
+// closingRounds repeats the close scenarios: whether the methods are still
+// queued in the channel when the close arrives is a race.
+const closingRounds = 4
+
+func TestAcksBeforeConnectionCloseAreApplied(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		const n = 300
+		for round := range closingRounds {
+			bodies := make([]string, n)
+			for i := range bodies {
+				bodies[i] = fmt.Sprint(round, "-", i)
+			}
+			publishConfirmed(t, ch, "", q.Name, bodies...)
+			c2, err := amqp.Dial(e.url())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch2 := e.channel(c2)
+			if err := ch2.Qos(n, 0, false); err != nil {
+				t.Fatal(err)
+			}
+			ds, err := ch2.Consume(q.Name, "", false, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range n {
+				d := mustRecv(t, ds, "delivery")
+				if err := d.Ack(false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if left := drain(t, ch, q.Name); len(left) != 0 {
+				t.Fatalf("round %d: %d of %d acked messages are back in the queue after the consumer's connection closed (first %q)", round, len(left), n, left[0])
+			}
+		}
+	})
+}
+
+func TestPublishesBeforeConnectionCloseAreStored(t *testing.T) {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 300
+		for round := range closingRounds {
+			c2, err := amqp.Dial(e.url())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch2 := e.channel(c2)
+			for i := range n {
+				if err := ch2.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte(fmt.Sprint(round, "-", i))}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// RabbitMQ stores them by the close-ok, but its queue may count
+			// them a moment later: wait a little, never for ever.
+			var got []string
+			for deadline := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(deadline); {
+				got = append(got, drain(t, ch, q.Name)...)
+				if len(got) < n {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			if len(got) != n {
+				t.Fatalf("round %d: %d of %d messages published before the connection closed are stored", round, len(got), n)
+			}
+		}
+	})
+}
+
+// TestMethodAfterChannelCloseIsDropped: a client acks, closes its channel
+// and sends one more method on it in the same write (amqp091-go does this
+// when a consume's context ends while the channel closes: its
+// basic.cancel goes out after the channel.close). The acks stand, the
+// channel closes, and the stray method is dropped as RabbitMQ drops what
+// reaches a channel that is stopping: the connection stays open.
+func TestMethodAfterChannelCloseIsDropped(t *testing.T) {
+	settleThen(t, func(t *testing.T, p *peer) {
+		writeMethods(t, p, 1, &wire.ChannelClose{ReplyCode: 200, ReplyText: "bye"}, &wire.BasicCancel{ConsumerTag: "c"})
+		expectMethod[*wire.ChannelCloseOk](t, p, "channel.close-ok")
+		p.openChannel(1) // the number is free again
+		writeMethods(t, p, 0, &wire.ConnectionClose{ReplyCode: 200, ReplyText: "bye"})
+		expectMethod[*wire.ConnectionCloseOk](t, p, "connection.close-ok")
+	})
+}
+
+// TestAcksBeforeConnectionErrorAreApplied: acks followed in the same write
+// by a method that closes the connection (504, a method on a channel that
+// was never opened): the acks, which came first, stand.
+func TestAcksBeforeConnectionErrorAreApplied(t *testing.T) {
+	settleThen(t, func(t *testing.T, p *peer) {
+		writeMethods(t, p, 9, &wire.QueueDeclare{Queue: "x"})
+		for {
+			m := p.recv()
+			if _, ok := m.(*wire.BasicDeliver); ok {
+				continue
+			}
+			cl, ok := m.(*wire.ConnectionClose)
+			if !ok || cl.ReplyCode != 504 {
+				t.Fatalf("got %v, want connection.close 504", m)
+			}
+			break
+		}
+		p.send(0, &wire.ConnectionCloseOk{})
+		p.expectEOF()
+	})
+}
+
+// settleThen consumes messages with a raw peer, acks each of them and, in
+// the same write, sends what end does; then no message may be left.
+func settleThen(t *testing.T, end func(t *testing.T, p *peer)) {
+	brokers(t, func(t *testing.T, e *env) {
+		ch := e.channel(e.dial())
+		q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		for round := range closingRounds {
+			const n = 50
+			bodies := make([]string, n)
+			for i := range bodies {
+				bodies[i] = fmt.Sprint(round, "-", i)
+			}
+			publishConfirmed(t, ch, "", q.Name, bodies...)
+			p := e.rawDialFor(t)
+			p.openAs(e.vhost, 10)
+			p.openChannel(1)
+			p.send(1, &wire.BasicQos{PrefetchCount: n})
+			expectMethod[*wire.BasicQosOk](t, p, "basic.qos-ok")
+			p.send(1, &wire.BasicConsume{Queue: q.Name, ConsumerTag: "c"})
+			expectMethod[*wire.BasicConsumeOk](t, p, "basic.consume-ok")
+			for tag := uint64(1); tag <= n; tag++ {
+				if got := p.recvDelivery().DeliveryTag; got != tag {
+					t.Fatalf("delivery tag %d, want %d", got, tag)
+				}
+			}
+			for tag := uint64(1); tag <= n; tag++ {
+				if err := p.fw.WriteMethod(1, &wire.BasicAck{DeliveryTag: tag}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			end(t, p)
+			p.nc.Close()
+			if left := drain(t, ch, q.Name); len(left) != 0 {
+				t.Fatalf("round %d: %d of %d acked messages are back in the queue (first %q)", round, len(left), n, left[0])
+			}
+		}
+	})
+}
+
+// writeMethods writes ms on channel and flushes them with what p's writer
+// holds, in one write.
+func writeMethods(t *testing.T, p *peer, channel uint16, ms ...wire.Method) {
+	t.Helper()
+	for _, m := range ms {
+		if err := p.fw.WriteMethod(channel, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.fw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recvDelivery reads a basic.deliver with its header and body frames.
+func (p *peer) recvDelivery() *wire.BasicDeliver {
+	p.t.Helper()
+	m := p.recv()
+	d, ok := m.(*wire.BasicDeliver)
+	if !ok {
+		p.t.Fatalf("got %v, want basic.deliver", m)
+	}
+	f, err := p.fr.ReadFrame()
+	if err != nil || f.Type != wire.FrameHeader {
+		p.t.Fatalf("want a content header, got %v %v", f, err)
+	}
+	size, _ := wire.ContentBodySize(f.Payload)
+	for got := uint64(0); got < size; {
+		f, err := p.fr.ReadFrame()
+		if err != nil || f.Type != wire.FrameBody {
+			p.t.Fatalf("want a content body, got %v %v", f, err)
+		}
+		got += uint64(len(f.Payload))
+	}
+	return d
+}
+
+// expectMethod reads the next method and fails unless it is a T.
+func expectMethod[T wire.Method](t *testing.T, p *peer, what string) {
+	t.Helper()
+	if m := p.recv(); !isA[T](m) {
+		t.Fatalf("got %v, want %s", m, what)
+	}
+}
+
+func isA[T wire.Method](m wire.Method) bool {
+	_, ok := m.(T)
+	return ok
+}

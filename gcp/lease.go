@@ -80,6 +80,7 @@ type subRuntime struct {
 	// lastFresh is the latest first delivery the engine brought per key (bounded; ordering.go
 	// checkKeyOrderLocked), orderWarnings how many times one came after a later one.
 	lastFresh     map[string]keyMark
+	chainWaits    int // how many times a key waited for a message KubeMQ handed out late
 	orderWarnings int
 	sentinel      <-chan struct{}                 // nil once back (or when no recovery ran)
 	awaiting      map[string]map[string]time.Time // key -> message id -> give up at
@@ -296,6 +297,7 @@ func (r *subRuntime) acceptLocked(e *subEntry, ds []*delivery.Delivery, f *flow,
 		if ordered {
 			l.key = d.Tags[TagOrderingKey]
 			if l.key != "" && d.Attempt <= 1 {
+				r.awaitPrevLocked(l, now)
 				r.checkKeyOrderLocked(l)
 			}
 		}

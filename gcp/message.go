@@ -24,6 +24,10 @@ const (
 	TagMessageID   = "_pubsub_message_id"
 	TagPublishTime = "_pubsub_publish_time" // RFC 3339, nanoseconds, UTC
 	TagOrderingKey = "_pubsub_ordering_key"
+	// TagPrevID is on an ordered subscription's copy of a keyed message: the id of the
+	// previous message of its key that the same process stored in that subscription
+	// (keychain.go). Stripped on delivery.
+	TagPrevID = "_pubsub_prev_id"
 )
 
 // messageMetadata is the KubeMQ Metadata of every stored Pub/Sub message:
@@ -40,7 +44,7 @@ func subscriptionCopy(queue, id string, body []byte, tags map[string]string) kub
 }
 
 func isReservedTag(k string) bool {
-	return k == TagMessageID || k == TagPublishTime || k == TagOrderingKey
+	return k == TagMessageID || k == TagPublishTime || k == TagOrderingKey || k == TagPrevID
 }
 
 // formatPublishTime is a publish time as the _pubsub_publish_time tag
@@ -82,6 +86,7 @@ func decodeMessage(body []byte, tags map[string]string, fallbackID string, store
 			}
 		case TagOrderingKey:
 			m.OrderingKey = v
+		case TagPrevID:
 		default:
 			if m.Attributes == nil {
 				m.Attributes = make(map[string]string, len(tags))

@@ -273,29 +273,102 @@ type keyMark struct {
 	seq uint64
 }
 
+// idPrefix is the length of idGen's fixed-width prefix: ids that share it
+// come from one process and order by their counter.
+const idPrefix = 16
+
+// markKey is lastFresh's key: the ordering key and the publishing process.
+func markKey(key, id string) string {
+	if len(id) <= idPrefix {
+		return key
+	}
+	return key + "\x00" + id[:idPrefix]
+}
+
+// chainWait bounds how long a key waits for a message that a later one of
+// its key names as its previous (TagPrevID) and that KubeMQ has not handed
+// out yet (keychain.go).
+const chainWait = 2 * time.Second
+
+// awaitPrevLocked, for a fresh keyed lease l, holds its key back until the
+// message l's link names as its previous arrives, when this runtime has
+// seen earlier messages of the key from that process but not that one:
+// KubeMQ handed out a later send first (docs/kubemq.md 10.6). A runtime
+// that has seen nothing of the key from that process (it just started, or
+// took the subscription over) cannot tell, and waits for nothing.
+func (r *subRuntime) awaitPrevLocked(l *lease, now time.Time) {
+	prev, id := l.d.Tags[TagPrevID], l.d.Tags[TagMessageID]
+	if prev == "" || len(prev) <= idPrefix || len(id) <= idPrefix || prev[:idPrefix] != id[:idPrefix] {
+		return
+	}
+	last, ok := r.lastFresh[markKey(l.key, id)]
+	if !ok || (msgOrder{id: last.id}).compare(msgOrder{id: prev}) >= 0 {
+		return // prev came already (or was never this runtime's to see)
+	}
+	if ks := r.keys[l.key]; ks != nil && ks.holdsID(prev) {
+		return
+	}
+	w := r.awaiting[l.key]
+	if w == nil {
+		w = map[string]time.Time{}
+		r.awaiting[l.key] = w
+	}
+	if _, ok := w[prev]; !ok {
+		w[prev] = now.Add(chainWait)
+		if r.chainWaits++; r.chainWaits <= 10 {
+			r.s.log.Warn("ordering key: KubeMQ handed out a message before the one published ahead of it; the key waits for that one",
+				zap.String("subscription", r.id), zap.String("key", l.key), zap.String("message_id", id),
+				zap.Uint64("sequence", l.d.Sequence), zap.String("waiting_for", prev), zap.Duration("at_most", chainWait))
+		}
+	}
+	select { // the sweep watches for the await to end
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// holdsID reports whether the message id is in the key's window or among
+// its pending messages (scanned: only awaitPrevLocked asks, rarely).
+func (ks *keyState) holdsID(id string) bool {
+	for _, w := range ks.window {
+		if w.d.Tags[TagMessageID] == id {
+			return true
+		}
+	}
+	for _, p := range ks.pending {
+		if p.d.Tags[TagMessageID] == id {
+			return true
+		}
+	}
+	return false
+}
+
 // maxKeyMarks bounds lastFresh: past it the marks start over.
 const maxKeyMarks = 10_000
 
 // checkKeyOrderLocked logs a key's first delivery that the engine brought after a later
 // message of the key published through the same replica (ids of one process order by
-// publish): KubeMQ handed the queue out in another order than it was stored, and the key goes
-// out of order to the subscriber. The first ten per runtime are logged.
+// publish): KubeMQ handed the queue out in another order than it was stored. The first ten
+// per runtime are logged, with held: whether the key was waiting then (awaitPrevLocked), so
+// that its later messages wait behind this one and the subscriber gets the key in order; if
+// not, the later one may have gone out already.
 func (r *subRuntime) checkKeyOrderLocked(l *lease) {
-	const prefix = 16 // idGen's fixed-width prefix
 	id := l.d.Tags[TagMessageID]
-	last, ok := r.lastFresh[l.key]
-	if ok && len(id) > prefix && len(last.id) > prefix && id[:prefix] == last.id[:prefix] &&
+	mk := markKey(l.key, id)
+	last, ok := r.lastFresh[mk]
+	if ok && len(id) > idPrefix && len(last.id) > idPrefix && id[:idPrefix] == last.id[:idPrefix] &&
 		(msgOrder{id: id}).compare(msgOrder{id: last.id}) < 0 {
+		held := len(r.awaiting[l.key]) > 0 // the later ones wait in pending, sorted behind it
 		if r.orderWarnings < 10 {
 			r.orderWarnings++
 			r.s.log.Warn("ordering key: KubeMQ handed out a message after a later one of its key", zap.String("subscription", r.id),
 				zap.String("key", l.key), zap.String("message_id", id), zap.Uint64("sequence", l.d.Sequence),
-				zap.String("after_message_id", last.id), zap.Uint64("after_sequence", last.seq))
+				zap.String("after_message_id", last.id), zap.Uint64("after_sequence", last.seq), zap.Bool("held", held))
 		}
 		return
 	}
 	if r.lastFresh == nil || len(r.lastFresh) >= maxKeyMarks {
 		r.lastFresh = map[string]keyMark{}
 	}
-	r.lastFresh[l.key] = keyMark{id: id, seq: l.d.Sequence}
+	r.lastFresh[mk] = keyMark{id: id, seq: l.d.Sequence}
 }

@@ -110,12 +110,22 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 	}
 	subs := s.cat.fanout(t)
 	copies := make([]kubemqclient.QueueMessage, 0, len(subs)*len(msgs))
+	var links []chainLink
 	for _, sub := range subs {
+		ordered := sub.proto.GetEnableMessageOrdering()
 		for i, m := range msgs {
 			if sub.match != nil && !sub.match(m.GetAttributes()) {
 				continue // filtered out: never enqueued, as Google acks it for the subscriber
 			}
-			copies = append(copies, subscriptionCopy(sub.queue, ids[i], events[i].Body, events[i].Tags))
+			tags := events[i].Tags
+			if key := m.GetOrderingKey(); ordered && key != "" {
+				l := s.chains.link(sub.queue, key, ids[i])
+				links = append(links, l)
+				if l.prev != "" {
+					tags = withTag(tags, TagPrevID, l.prev)
+				}
+			}
+			copies = append(copies, subscriptionCopy(sub.queue, ids[i], events[i].Body, tags))
 		}
 	}
 	// The log and the copies are written concurrently: the answer waits
@@ -127,6 +137,9 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 		g.Go(func() error { return s.be.enqueue(gctx, copies) })
 	}
 	if err := g.Wait(); err != nil {
+		// The client's retry stores these messages under new ids: the next copy of each
+		// key links to what was stored before them.
+		s.chains.unlink(links)
 		return nil, err
 	}
 	return ids, nil

@@ -129,8 +129,11 @@ type Server struct {
 	cat   *catalog
 	grpc  *grpc.Server
 	ids   *idGen
-	m     *metrics
-	push  *pushManager // push subscriptions (push.go)
+	// chains links the copies of each ordering key this process stores in an ordered
+	// subscription (keychain.go).
+	chains keyChains
+	m      *metrics
+	push   *pushManager // push subscriptions (push.go)
 
 	pubLimits limits.Publish
 	// pubBudget admits Publish calls (admission.go); nil: no bound.

@@ -257,11 +257,12 @@ func orderedRun(t *testing.T, stop bool) {
 }
 
 // kubemqMisordered reports, on an external KubeMQ, whether the holder h logged that KubeMQ
-// handed out a message of key after a later one of the key: the real KubeMQ v2.4.0 was seen
-// to answer a send before its messages were visible to a Get, and to hand out a later send's
-// messages first (docs/kubemq.md 10.6), which the ordered runtime cannot undo once the later
-// message is delivered. That
-// case is logged as the known limit it is (README); any other violation fails the run.
+// handed out a message of key after a later one of the key without the key having waited
+// for it: the real KubeMQ v2.4.0 was seen to answer a send before its messages were visible
+// to a Get, and to hand out a later send's messages first (docs/kubemq.md 10.6). The holder
+// keeps the key back for such a message (gcp/keychain.go), at most 2 s; one later than that
+// (logged with "held":false) is the known limit it is (README). Any other violation, one whose
+// message the key waited for included, fails the run.
 func kubemqMisordered(t *testing.T, h *replica, key string) bool {
 	if os.Getenv(kubemqtest.EnvAddress) == "" {
 		return false
@@ -271,7 +272,8 @@ func kubemqMisordered(t *testing.T, h *replica, key string) bool {
 		return false
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "KubeMQ handed out a message after a later one of its key") && strings.Contains(line, `"key":"`+key+`"`) {
+		if strings.Contains(line, "KubeMQ handed out a message after a later one of its key") && strings.Contains(line, `"key":"`+key+`"`) &&
+			strings.Contains(line, `"held":false`) {
 			t.Logf("KNOWN LIMIT (README, docs/kubemq.md 10.6): %s got out of order because KubeMQ handed it out so; %s logged: %s", key, h.name, line)
 			return true
 		}

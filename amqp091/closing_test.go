@@ -103,19 +103,34 @@ func TestPublishesBeforeConnectionCloseAreStored(t *testing.T) {
 	})
 }
 
-// TestMethodAfterChannelCloseIsDropped: a client acks, closes its channel
-// and sends one more method on it in the same write (amqp091-go does this
-// when a consume's context ends while the channel closes: its
-// basic.cancel goes out after the channel.close). The acks stand, the
-// channel closes, and the stray method is dropped as RabbitMQ drops what
-// reaches a channel that is stopping: the connection stays open.
-func TestMethodAfterChannelCloseIsDropped(t *testing.T) {
-	settleThen(t, func(t *testing.T, p *peer) {
-		writeMethods(t, p, 1, &wire.ChannelClose{ReplyCode: 200, ReplyText: "bye"}, &wire.BasicCancel{ConsumerTag: "c"})
-		expectMethod[*wire.ChannelCloseOk](t, p, "channel.close-ok")
-		p.openChannel(1) // the number is free again
-		writeMethods(t, p, 0, &wire.ConnectionClose{ReplyCode: 200, ReplyText: "bye"})
-		expectMethod[*wire.ConnectionCloseOk](t, p, "connection.close-ok")
+// TestMethodAfterChannelClose: a client acks, closes its channel and
+// sends one more method on it in the same write (amqp091-go does this when
+// a consume's context ends while the channel closes: its basic.cancel goes
+// out after the channel.close). The acks stand. The proxy closes the
+// connection with 504; RabbitMQ drops the method while the channel is
+// stopping (504 once it has stopped), after which amqp091-go's
+// Channel.Close can wait for ever, so the proxy keeps the error
+// (conn.go, handleChannelMethod).
+func TestMethodAfterChannelClose(t *testing.T) {
+	brokersNamed(t, func(t *testing.T, e *env, rabbit bool) {
+		settleThen(t, e, func(t *testing.T, p *peer) {
+			writeMethods(t, p, 1, &wire.ChannelClose{ReplyCode: 200, ReplyText: "bye"}, &wire.BasicCancel{ConsumerTag: "c"})
+			if rabbit {
+				expectMethod[*wire.ChannelCloseOk](t, p, "channel.close-ok")
+				writeMethods(t, p, 0, &wire.ConnectionClose{ReplyCode: 200, ReplyText: "bye"})
+				switch m := p.recv().(type) {
+				case *wire.ConnectionCloseOk: // dropped
+				case *wire.ConnectionClose: // the channel had stopped
+					if m.ReplyCode != 504 {
+						t.Fatalf("connection.close %d %s", m.ReplyCode, m.ReplyText)
+					}
+				default:
+					t.Fatalf("got %v", m)
+				}
+				return
+			}
+			expect504(t, p)
+		})
 	})
 }
 
@@ -123,67 +138,80 @@ func TestMethodAfterChannelCloseIsDropped(t *testing.T) {
 // by a method that closes the connection (504, a method on a channel that
 // was never opened): the acks, which came first, stand.
 func TestAcksBeforeConnectionErrorAreApplied(t *testing.T) {
-	settleThen(t, func(t *testing.T, p *peer) {
-		writeMethods(t, p, 9, &wire.QueueDeclare{Queue: "x"})
-		for {
-			m := p.recv()
-			if _, ok := m.(*wire.BasicDeliver); ok {
-				continue
-			}
-			cl, ok := m.(*wire.ConnectionClose)
-			if !ok || cl.ReplyCode != 504 {
-				t.Fatalf("got %v, want connection.close 504", m)
-			}
-			break
-		}
-		p.send(0, &wire.ConnectionCloseOk{})
-		p.expectEOF()
+	brokers(t, func(t *testing.T, e *env) {
+		settleThen(t, e, func(t *testing.T, p *peer) {
+			writeMethods(t, p, 9, &wire.QueueDeclare{Queue: "x"})
+			expect504(t, p)
+		})
 	})
+}
+
+// expect504 reads until connection.close, which must be 504, answers it
+// and waits for the server to hang up (a channel.close-ok may come first).
+func expect504(t *testing.T, p *peer) {
+	t.Helper()
+	for {
+		m := p.recv()
+		if _, ok := m.(*wire.ChannelCloseOk); ok {
+			continue
+		}
+		cl, ok := m.(*wire.ConnectionClose)
+		if !ok || cl.ReplyCode != 504 {
+			t.Fatalf("got %v, want connection.close 504", m)
+		}
+		break
+	}
+	p.send(0, &wire.ConnectionCloseOk{})
+	p.expectEOF()
+}
+
+// brokersNamed is brokers, telling the scenario which broker it runs on.
+func brokersNamed(t *testing.T, scenario func(t *testing.T, e *env, rabbit bool)) {
+	t.Run("proxy", func(t *testing.T) { scenario(t, newEnv(t), false) })
+	t.Run("rabbitmq", func(t *testing.T) { scenario(t, rabbitEnv(t), true) })
 }
 
 // settleThen consumes messages with a raw peer, acks each of them and, in
 // the same write, sends what end does; then no message may be left.
-func settleThen(t *testing.T, end func(t *testing.T, p *peer)) {
-	brokers(t, func(t *testing.T, e *env) {
-		ch := e.channel(e.dial())
-		q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
+func settleThen(t *testing.T, e *env, end func(t *testing.T, p *peer)) {
+	ch := e.channel(e.dial())
+	q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for round := range closingRounds {
+		const n = 50
+		bodies := make([]string, n)
+		for i := range bodies {
+			bodies[i] = fmt.Sprint(round, "-", i)
 		}
-		if err := ch.Confirm(false); err != nil {
-			t.Fatal(err)
-		}
-		for round := range closingRounds {
-			const n = 50
-			bodies := make([]string, n)
-			for i := range bodies {
-				bodies[i] = fmt.Sprint(round, "-", i)
-			}
-			publishConfirmed(t, ch, "", q.Name, bodies...)
-			p := e.rawDialFor(t)
-			p.openAs(e.vhost, 10)
-			p.openChannel(1)
-			p.send(1, &wire.BasicQos{PrefetchCount: n})
-			expectMethod[*wire.BasicQosOk](t, p, "basic.qos-ok")
-			p.send(1, &wire.BasicConsume{Queue: q.Name, ConsumerTag: "c"})
-			expectMethod[*wire.BasicConsumeOk](t, p, "basic.consume-ok")
-			for tag := uint64(1); tag <= n; tag++ {
-				if got := p.recvDelivery().DeliveryTag; got != tag {
-					t.Fatalf("delivery tag %d, want %d", got, tag)
-				}
-			}
-			for tag := uint64(1); tag <= n; tag++ {
-				if err := p.fw.WriteMethod(1, &wire.BasicAck{DeliveryTag: tag}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			end(t, p)
-			p.nc.Close()
-			if left := drain(t, ch, q.Name); len(left) != 0 {
-				t.Fatalf("round %d: %d of %d acked messages are back in the queue (first %q)", round, len(left), n, left[0])
+		publishConfirmed(t, ch, "", q.Name, bodies...)
+		p := e.rawDialFor(t)
+		p.openAs(e.vhost, 10)
+		p.openChannel(1)
+		p.send(1, &wire.BasicQos{PrefetchCount: n})
+		expectMethod[*wire.BasicQosOk](t, p, "basic.qos-ok")
+		p.send(1, &wire.BasicConsume{Queue: q.Name, ConsumerTag: "c"})
+		expectMethod[*wire.BasicConsumeOk](t, p, "basic.consume-ok")
+		for tag := uint64(1); tag <= n; tag++ {
+			if got := p.recvDelivery().DeliveryTag; got != tag {
+				t.Fatalf("delivery tag %d, want %d", got, tag)
 			}
 		}
-	})
+		for tag := uint64(1); tag <= n; tag++ {
+			if err := p.fw.WriteMethod(1, &wire.BasicAck{DeliveryTag: tag}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		end(t, p)
+		p.nc.Close()
+		if left := drain(t, ch, q.Name); len(left) != 0 {
+			t.Fatalf("round %d: %d of %d acked messages are back in the queue (first %q)", round, len(left), n, left[0])
+		}
+	}
 }
 
 // writeMethods writes ms on channel and flushes them with what p's writer

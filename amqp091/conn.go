@@ -100,11 +100,6 @@ type slot struct {
 	body      []byte
 	remaining uint64
 	discard   uint64 // body bytes of a refused (oversized) publish still to skip
-	// closing: the client closed the channel. Until its goroutine has
-	// finished the close, frames for it are dropped, as RabbitMQ drops what
-	// reaches a channel process that is stopping (amqp091-go sends a
-	// consume's basic.cancel after a concurrent channel.close).
-	closing bool
 }
 
 func newConn(s *Server, nc net.Conn, id uint64) *conn {
@@ -370,18 +365,13 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 		return wire.CommandInvalid("method %s is not allowed from a client on channel %d", m.Name(), id).OnMethod(m.ClassID(), m.MethodID())
 	}
 	s := c.channels[id]
-	if s != nil && s.closing {
-		if s = c.closedSlot(id, s, m); s != nil {
-			return nil
-		}
-	}
 	if s == nil {
 		switch m.(type) {
 		case *wire.ChannelOpen:
 			// RabbitMQ 3.10 limits how many channels are open, not their
 			// numbers (a number above channel_max is accepted).
-			if n := c.openChannels(); c.channelMax > 0 && n >= int(c.channelMax) {
-				return wire.NotAllowed("number of channels opened (%d) has reached the negotiated channel_max (%d)", n, c.channelMax)
+			if c.channelMax > 0 && len(c.channels) >= int(c.channelMax) {
+				return wire.NotAllowed("number of channels opened (%d) has reached the negotiated channel_max (%d)", len(c.channels), c.channelMax)
 			}
 			c.openChannel(id)
 			return nil
@@ -408,12 +398,15 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 	}
 	c.dispatch(s, command{m: m})
 	switch m.(type) {
-	case *wire.ChannelClose:
-		// The number is free again once the channel has handled what came
-		// before the close and sent close-ok (closedSlot).
-		s.closing = true
-	case *wire.ChannelCloseOk:
-		// The channel finishes the close it sent; the number is free again.
+	case *wire.ChannelClose, *wire.ChannelCloseOk:
+		// The channel finishes its close; the number is free again. A
+		// method that follows on it is 504 CHANNEL_ERROR, also before the
+		// channel has sent close-ok. RabbitMQ drops such a method while the
+		// channel is stopping, and amqp091-go then waits in Channel.Close for
+		// ever when a consume's context ended at the same time (its
+		// basic.cancel goes out after the close, and the cancel's waiter
+		// takes the close-ok): the connection error ends both waits, and the
+		// acks that came before still apply (channel.settleQueued).
 		delete(c.channels, id)
 	}
 	return nil
@@ -428,11 +421,6 @@ func (c *conn) closeChannels() {
 	defer cancel()
 	var ends []chan struct{}
 	for _, s := range c.channels {
-		if s.closing {
-			ends = append(ends, s.ch.done)
-			continue
-		}
-		s.closing = true
 		select {
 		case s.ch.cmds <- command{connClose: true}:
 			ends = append(ends, s.ch.done)
@@ -450,46 +438,8 @@ func (c *conn) closeChannels() {
 	}
 }
 
-// openChannels counts the channels open, not those the client closed.
-func (c *conn) openChannels() int {
-	n := 0
-	for _, s := range c.channels {
-		if !s.closing {
-			n++
-		}
-	}
-	return n
-}
-
-// closedSlot handles method m for a channel the client closed: once the
-// channel's goroutine has ended, the number is free (nil: m is handled as
-// on an unopened channel); before, m is dropped (s returned). A
-// channel.open reuses the number after close-ok, which the goroutine sends
-// just before it ends: it waits for that end.
-func (c *conn) closedSlot(id uint16, s *slot, m wire.Method) *slot {
-	if _, open := m.(*wire.ChannelOpen); open {
-		t := time.NewTimer(channelStopTimeout)
-		defer t.Stop()
-		select {
-		case <-s.ch.done:
-		case <-t.C:
-		case <-c.ctx.Done():
-		}
-	}
-	select {
-	case <-s.ch.done:
-		delete(c.channels, id)
-		return nil
-	default:
-		return s
-	}
-}
-
 func (c *conn) handleHeader(f wire.Frame) error {
 	s := c.channels[f.Channel]
-	if s != nil && s.closing {
-		return nil // content of a publish sent after the channel's close
-	}
 	if s == nil || s.pub == nil || s.haveHdr {
 		return wire.UnexpectedFrame("expected method frame, got non method frame instead")
 	}
@@ -520,9 +470,6 @@ func (c *conn) handleHeader(f wire.Frame) error {
 func (c *conn) handleBody(f wire.Frame) error {
 	s := c.channels[f.Channel]
 	n := uint64(len(f.Payload))
-	if s != nil && s.closing {
-		return nil
-	}
 	if s != nil && s.discard > 0 {
 		if n > s.discard {
 			return wire.UnexpectedFrame("content body frames exceed the declared body size")

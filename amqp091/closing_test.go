@@ -22,14 +22,7 @@ const closingRounds = 4
 
 func TestAcksBeforeConnectionCloseAreApplied(t *testing.T) {
 	brokers(t, func(t *testing.T, e *env) {
-		ch := e.channel(e.dial())
-		q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ch.Confirm(false); err != nil {
-			t.Fatal(err)
-		}
+		ch, q := confirmedQueue(t, e)
 		const n = 300
 		for round := range closingRounds {
 			bodies := make([]string, n)
@@ -171,9 +164,9 @@ func brokersNamed(t *testing.T, scenario func(t *testing.T, e *env, rabbit bool)
 	t.Run("rabbitmq", func(t *testing.T) { scenario(t, rabbitEnv(t), true) })
 }
 
-// settleThen consumes messages with a raw peer, acks each of them and, in
-// the same write, sends what end does; then no message may be left.
-func settleThen(t *testing.T, e *env, end func(t *testing.T, p *peer)) {
+// confirmedQueue declares a fresh queue on a channel in confirm mode.
+func confirmedQueue(t *testing.T, e *env) (*amqp.Channel, amqp.Queue) {
+	t.Helper()
 	ch := e.channel(e.dial())
 	q, err := ch.QueueDeclare("closing-"+randHex(4), false, false, false, false, nil)
 	if err != nil {
@@ -182,6 +175,13 @@ func settleThen(t *testing.T, e *env, end func(t *testing.T, p *peer)) {
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
+	return ch, q
+}
+
+// settleThen consumes messages with a raw peer, acks each of them and, in
+// the same write, sends what end does; then no message may be left.
+func settleThen(t *testing.T, e *env, end func(t *testing.T, p *peer)) {
+	ch, q := confirmedQueue(t, e)
 	for round := range closingRounds {
 		const n = 50
 		bodies := make([]string, n)

@@ -1,6 +1,8 @@
 package gcp
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -82,10 +84,10 @@ func TestPublishLinksOrderedCopies(t *testing.T) {
 		}
 		return out
 	}
-	if got, want := prevs(all, 6), map[int]string{0: "", 1: ids[0], 2: ids[1], 3: ids[2], 4: ids[3], 5: ""}; !equalMaps(got, want) {
+	if got, want := prevs(all, 6), map[int]string{0: "", 1: ids[0], 2: ids[1], 3: ids[2], 4: ids[3], 5: ""}; !maps.Equal(got, want) {
 		t.Fatalf("ordered subscription's links %v, want %v", got, want)
 	}
-	if got, want := prevs(even, 4), map[int]string{0: "", 2: ids[0], 4: ids[2], 5: ""}; !equalMaps(got, want) {
+	if got, want := prevs(even, 4), map[int]string{0: "", 2: ids[0], 4: ids[2], 5: ""}; !maps.Equal(got, want) {
 		t.Fatalf("filtered subscription's links %v, want %v", got, want)
 	}
 	se, _ := e.s.cat.sub("sub-plain")
@@ -94,21 +96,9 @@ func TestPublishLinksOrderedCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer release()
-	if got := prevs(plain, 6); !equalMaps(got, map[int]string{0: "", 1: "", 2: "", 3: "", 4: "", 5: ""}) {
+	if got := prevs(plain, 6); !maps.Equal(got, map[int]string{0: "", 1: "", 2: "", 3: "", 4: "", 5: ""}) {
 		t.Fatalf("unordered subscription's links %v", got)
 	}
-}
-
-func equalMaps(a, b map[int]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestKeyWaitsForLinkedMessage: KubeMQ hands out messages 3 and 4 of a
@@ -144,7 +134,7 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	for i := range ids {
 		ids[i] = g.next()
 	}
-	if got := accept(msg("k", ids[0], "", 0)); !slicesEqual(got, []int{0}) {
+	if got := accept(msg("k", ids[0], "", 0)); !slices.Equal(got, []int{0}) {
 		t.Fatalf("first message: handed out %v", got)
 	}
 	if got := accept(msg("k", ids[3], ids[2], 3), msg("k", ids[4], ids[3], 4)); len(got) != 0 {
@@ -153,7 +143,7 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	if got := accept(msg("k", ids[1], ids[0], 1), msg("k", ids[2], ids[1], 2)); len(got) != 0 {
 		t.Fatalf("1 and 2 went out ahead of the pending ones: %v", got)
 	}
-	if got := nums(e.take(rt, f, 4)); !slicesEqual(got, []int{1, 2, 3, 4}) {
+	if got := nums(e.take(rt, f, 4)); !slices.Equal(got, []int{1, 2, 3, 4}) {
 		t.Fatalf("the key went out as %v, want 1 2 3 4", got)
 	}
 	// 5 never comes: 6 waits for it at most chainWait.
@@ -161,26 +151,14 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	if got := accept(msg("k", ids[6], ids[5], 6)); len(got) != 0 {
 		t.Fatalf("6 handed out at once although 5 did not come: %v", got)
 	}
-	if got := nums(e.take(rt, f, 1)); !slicesEqual(got, []int{6}) {
+	if got := nums(e.take(rt, f, 1)); !slices.Equal(got, []int{6}) {
 		t.Fatalf("got %v, want 6", got)
 	}
 	if waited := time.Since(start); waited < chainWait-100*time.Millisecond || waited > chainWait+3*time.Second {
 		t.Fatalf("6 waited %v for the message it names, want about %v", waited, chainWait)
 	}
 	// Another key, first seen with a link: nothing to compare with, no wait.
-	if got := accept(msg("k2", ids[7], ids[5], 7)); !slicesEqual(got, []int{7}) {
+	if got := accept(msg("k2", ids[7], ids[5], 7)); !slices.Equal(got, []int{7}) {
 		t.Fatalf("a key's first message here: handed out %v", got)
 	}
-}
-
-func slicesEqual(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -24,6 +24,9 @@ const (
 	// channelStopTimeout bounds how long a closing connection waits for its
 	// channels to give their deliveries back.
 	channelStopTimeout = 10 * time.Second
+	// closeDrainTimeout bounds how long a client's connection.close waits
+	// for its channels to finish the methods sent before it.
+	closeDrainTimeout = 3 * time.Second
 )
 
 // conn is one AMQP connection.
@@ -413,11 +416,12 @@ func (c *conn) handleChannelMethod(id uint16, m wire.Method) error {
 }
 
 // closeChannels ends every open channel after the commands queued in it
-// (a client's connection.close), waiting at most channelStopTimeout: a
-// channel that cannot finish them in time (KubeMQ unreachable) is stopped
-// by the connection's cancel after.
+// (a client's connection.close), waiting at most closeDrainTimeout: a
+// channel that cannot finish them in time (KubeMQ unreachable, a queue
+// whose holder does not answer) is stopped by the connection's cancel
+// after, which drops what it has not done.
 func (c *conn) closeChannels() {
-	ctx, cancel := context.WithTimeout(c.ctx, channelStopTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, closeDrainTimeout)
 	defer cancel()
 	var ends []chan struct{}
 	for _, s := range c.channels {

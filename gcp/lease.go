@@ -79,7 +79,7 @@ type subRuntime struct {
 	recoverCap   time.Time
 	// lastFresh is the latest first delivery the engine brought per key (bounded; ordering.go
 	// checkKeyOrderLocked), orderWarnings how many times one came after a later one.
-	lastFresh     map[string]keyMark
+	lastFresh     map[markKey]keyMark
 	chainWaits    int // how many times a key waited for a message KubeMQ handed out late
 	orderWarnings int
 	sentinel      <-chan struct{}                 // nil once back (or when no recovery ran)

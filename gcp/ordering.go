@@ -84,8 +84,7 @@ func (a msgOrder) compare(b msgOrder) int {
 		}
 		return 1
 	}
-	const prefix = 16 // idGen's fixed-width prefix
-	if len(a.id) > prefix && len(b.id) > prefix && a.id[:prefix] == b.id[:prefix] && len(a.id) != len(b.id) {
+	if sameProcess(a.id, b.id) && len(a.id) != len(b.id) {
 		if len(a.id) < len(b.id) {
 			return -1
 		}
@@ -212,10 +211,8 @@ func (r *subRuntime) admitKeyedLocked(l *lease, f *flow, now time.Time) bool {
 // pending messages (every keyed lease is in one or the other). pending is
 // sorted by publish order, so it is searched, not scanned.
 func (ks *keyState) holds(o msgOrder) bool {
-	for _, w := range ks.window {
-		if w.d.Tags[TagMessageID] == o.id {
-			return true
-		}
+	if ks.inWindow(o.id) {
+		return true
 	}
 	_, found := slices.BinarySearchFunc(ks.pending, o, func(p *lease, o msgOrder) int { return p.order.compare(o) })
 	return found
@@ -277,12 +274,20 @@ type keyMark struct {
 // come from one process and order by their counter.
 const idPrefix = 16
 
-// markKey is lastFresh's key: the ordering key and the publishing process.
-func markKey(key, id string) string {
+// sameProcess reports whether two message ids were minted by one idGen.
+func sameProcess(a, b string) bool {
+	return len(a) > idPrefix && len(b) > idPrefix && a[:idPrefix] == b[:idPrefix]
+}
+
+// markKey is lastFresh's key: the ordering key and the publishing process
+// (id's prefix, a substring: building the key allocates nothing).
+type markKey struct{ key, process string }
+
+func markKeyOf(key, id string) markKey {
 	if len(id) <= idPrefix {
-		return key
+		return markKey{key: key}
 	}
-	return key + "\x00" + id[:idPrefix]
+	return markKey{key, id[:idPrefix]}
 }
 
 // chainWait bounds how long a key waits for a message that a later one of
@@ -298,10 +303,10 @@ const chainWait = 2 * time.Second
 // took the subscription over) cannot tell, and waits for nothing.
 func (r *subRuntime) awaitPrevLocked(l *lease, now time.Time) {
 	prev, id := l.d.Tags[TagPrevID], l.d.Tags[TagMessageID]
-	if prev == "" || len(prev) <= idPrefix || len(id) <= idPrefix || prev[:idPrefix] != id[:idPrefix] {
+	if !sameProcess(prev, id) {
 		return
 	}
-	last, ok := r.lastFresh[markKey(l.key, id)]
+	last, ok := r.lastFresh[markKeyOf(l.key, id)]
 	if !ok || (msgOrder{id: last.id}).compare(msgOrder{id: prev}) >= 0 {
 		return // prev came already (or was never this runtime's to see)
 	}
@@ -327,16 +332,24 @@ func (r *subRuntime) awaitPrevLocked(l *lease, now time.Time) {
 	}
 }
 
-// holdsID reports whether the message id is in the key's window or among
-// its pending messages (scanned: only awaitPrevLocked asks, rarely).
+// holdsID is holds for a message whose publish time is unknown: pending is
+// scanned (only awaitPrevLocked asks, rarely).
 func (ks *keyState) holdsID(id string) bool {
-	for _, w := range ks.window {
-		if w.d.Tags[TagMessageID] == id {
-			return true
-		}
+	if ks.inWindow(id) {
+		return true
 	}
 	for _, p := range ks.pending {
 		if p.d.Tags[TagMessageID] == id {
+			return true
+		}
+	}
+	return false
+}
+
+// inWindow reports whether the message id is in the key's window.
+func (ks *keyState) inWindow(id string) bool {
+	for _, w := range ks.window {
+		if w.d.Tags[TagMessageID] == id {
 			return true
 		}
 	}
@@ -354,10 +367,9 @@ const maxKeyMarks = 10_000
 // not, the later one may have gone out already.
 func (r *subRuntime) checkKeyOrderLocked(l *lease) {
 	id := l.d.Tags[TagMessageID]
-	mk := markKey(l.key, id)
+	mk := markKeyOf(l.key, id)
 	last, ok := r.lastFresh[mk]
-	if ok && len(id) > idPrefix && len(last.id) > idPrefix && id[:idPrefix] == last.id[:idPrefix] &&
-		(msgOrder{id: id}).compare(msgOrder{id: last.id}) < 0 {
+	if ok && sameProcess(id, last.id) && (msgOrder{id: id}).compare(msgOrder{id: last.id}) < 0 {
 		held := len(r.awaiting[l.key]) > 0 // the later ones wait in pending, sorted behind it
 		if r.orderWarnings < 10 {
 			r.orderWarnings++
@@ -368,7 +380,7 @@ func (r *subRuntime) checkKeyOrderLocked(l *lease) {
 		return
 	}
 	if r.lastFresh == nil || len(r.lastFresh) >= maxKeyMarks {
-		r.lastFresh = map[string]keyMark{}
+		r.lastFresh = map[markKey]keyMark{}
 	}
 	r.lastFresh[mk] = keyMark{id: id, seq: l.d.Sequence}
 }

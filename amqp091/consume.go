@@ -60,6 +60,7 @@ type consumer struct {
 	stopped     bool
 	fwd         *fwdLink      // the link it is forwarded over now; nil when served here
 	done        chan struct{} // closed when stopped (forwarded consumers)
+	moved       chan struct{} // a forwarded consumer served here: closed when this replica lost the queue (relocate)
 
 	forwarded bool // began as a forwarded consumer (then d is guarded by q.vh.mu); set before it is shared
 
@@ -208,6 +209,88 @@ func (ch *channel) cancelByServer(cs *consumer, why string) {
 	}
 }
 
+// relocate goes on with cs, a consumer served here, after this replica lost its queue
+// (failConsumers): what the channel has out through the lost holding is void (detach), and cs
+// is served from then on as a forwarded consumer (forward.go), which finds the queue's new
+// holder, or claims the queue here again. The client sees a pause, and what it held
+// unacknowledged comes again, redelivered, as when a forwarded consumer's holder changes
+// (channel's goroutine).
+func (ch *channel) relocate(cs *consumer) {
+	if ch.consumers[cs.tag] != cs {
+		return // cancelled meanwhile
+	}
+	if cs.forwarded {
+		// A forwarded consumer served here: its goroutine detaches it and resolves the holder
+		// anew (serveHere).
+		ch.dmu.Lock()
+		if cs.moved != nil {
+			close(cs.moved)
+			cs.moved = nil
+		}
+		ch.dmu.Unlock()
+		return
+	}
+	ch.dmu.Lock()
+	if cs.stopped || ch.stopped {
+		ch.dmu.Unlock()
+		return
+	}
+	cs.done, cs.forwarded = make(chan struct{}), true
+	done := cs.done
+	ch.dmu.Unlock()
+	ch.detach(cs)
+	if h := ch.handles[cs.q]; h != nil && !h.Usable() {
+		delete(ch.handles, cs.q)
+		h.Close()
+	}
+	ch.log.Info("consumer moves to the queue's new holder", zap.String("queue", cs.q.name), zap.String("tag", cs.tag))
+	ch.c.srv.goForward(cs, nil, done)
+}
+
+// detach takes cs off the dispatcher that served it here, whose holding of the queue was lost,
+// and voids the channel's deliveries made through a holding that was lost: a settlement of one
+// changes nothing (settleRejects skips it), it comes again from the queue's next holder (its
+// lease records), redelivered, and it no longer counts against a prefetch, as a forwarded
+// delivery whose link ended (fwdLink.void). Any goroutine.
+func (ch *channel) detach(cs *consumer) {
+	q := cs.q
+	q.vh.mu.Lock()
+	if d := cs.d; d != nil {
+		d.remove(cs)
+		if q.disp == d && d.empty() {
+			q.disp = nil
+			d.stop()
+		}
+		cs.d = nil
+	}
+	q.vh.mu.Unlock()
+	ch.dmu.Lock()
+	hs := map[*delivery.Handle]bool{}
+	for _, u := range ch.unacked {
+		if u.fwd == nil && !u.void {
+			hs[u.h] = true
+		}
+	}
+	ch.dmu.Unlock()
+	for h := range hs {
+		hs[h] = h.Usable() // not under dmu: the lease engine's lock is not taken under it
+	}
+	ch.dmu.Lock()
+	for _, u := range ch.unacked {
+		if u.fwd == nil && !u.void && !hs[u.h] {
+			if _, seen := hs[u.h]; !seen {
+				continue // made after the check: through a live holding
+			}
+			u.void = true
+			ch.voided++
+			if u.cons != nil {
+				u.cons.outstanding--
+			}
+		}
+	}
+	ch.dmu.Unlock()
+}
+
 // stopConsumer ends cs: no delivery reaches it once this returns. Its
 // unacknowledged deliveries stay with the channel, as in RabbitMQ. An
 // auto-delete queue that lost its last consumer is deleted.
@@ -266,8 +349,11 @@ type dispatcher struct {
 
 	mu        sync.Mutex
 	consumers []*consumer // registered and not removed, in registration order; the goroutine reads a copy
-	single    bool        // x-single-active-consumer: only active receives (singleactive.go)
-	active    *consumer   // the single active consumer; nil when none or not single
+	// lost: the dispatcher's holding of the queue was lost (another replica serves it now);
+	// a consumer added later is moved on at once (evict).
+	lost   error
+	single bool      // x-single-active-consumer: only active receives (singleactive.go)
+	active *consumer // the single active consumer; nil when none or not single
 
 	list atomic.Pointer[[]*consumer]
 	// localDepth is the largest per-consumer prefetch among the consumers
@@ -293,6 +379,11 @@ func newDispatcher(s *Server, q *queue) *dispatcher {
 
 func (d *dispatcher) add(cs *consumer) {
 	d.mu.Lock()
+	if err := d.lost; err != nil {
+		d.mu.Unlock()
+		d.evict(cs, err, true)
+		return
+	}
 	d.consumers = append(d.consumers, cs)
 	d.publishLocked()
 	d.mu.Unlock()
@@ -356,6 +447,9 @@ func (d *dispatcher) run() {
 	h, err := d.srv.deliveries.Acquire(d.ctx, d.q.channel)
 	// Another replica holds the queue: wait for its hold to lapse (see handleFor).
 	for wait := time.Now().Add(ownerWait); errors.Is(err, delivery.ErrNotOwner) && time.Now().Before(wait); {
+		if _, ok := d.srv.remote(d.q.channel); ok {
+			break // the consumers go on through the holder (failConsumers)
+		}
 		select {
 		case <-time.After(250 * time.Millisecond):
 		case <-d.ctx.Done():
@@ -407,15 +501,16 @@ func (d *dispatcher) run() {
 	}
 }
 
-// failConsumers closes the connections of the consumers after a lease
-// engine failure (KubeMQ lost): their deliveries are void.
 // fetchFailed handles a fetch that failed: the dispatcher stops (true) when it is closing or
-// its handle is; else its consumers are failed and it waits for a kick before going on.
+// its handle is, or when this replica lost the queue (its consumers move on, see
+// failConsumers); else its consumers are failed and it waits for a kick before going on.
 func (d *dispatcher) fetchFailed(err error) (stop bool) {
 	if d.ctx.Err() != nil || errors.Is(err, delivery.ErrClosed) {
 		return true
 	}
-	d.failConsumers(err)
+	if d.failConsumers(err) {
+		return true
+	}
 	select { // the consumers' connections are closing
 	case <-d.kick:
 		return false
@@ -424,16 +519,54 @@ func (d *dispatcher) fetchFailed(err error) (stop bool) {
 	}
 }
 
-func (d *dispatcher) failConsumers(err error) {
-	d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
+// handedOver reports whether err says that this replica no longer holds the queue while
+// another replica can serve it: its consumers then go on through that one.
+func (d *dispatcher) handedOver(err error) bool {
+	return d.srv.peers != nil && (errors.Is(err, delivery.ErrHandedOver) || errors.Is(err, delivery.ErrNotOwner))
+}
+
+// failConsumers ends what the consumers get from this dispatcher after its lease engine failed.
+// When this replica lost the queue (handedOver: another replica claimed it, or this one's
+// ownership lease lapsed) the dispatcher is retired and its consumers move on (evict): the
+// client's consumers are served as forwarded ones, which find the queue's new holder; other
+// replicas' links end, and those replicas resolve the holder anew. It returns true then. On any
+// other failure (KubeMQ lost) the client's connections are closed with 320: their deliveries
+// are void.
+func (d *dispatcher) failConsumers(err error) (retired bool) {
+	retired = d.handedOver(err)
+	if retired {
+		d.srv.log.Info("queue lost to another replica: its consumers here go on through the holder",
+			zap.String("queue", d.q.name), zap.Error(err))
+		d.q.vh.mu.Lock()
+		if d.q.disp == d {
+			d.q.disp = nil // a later consume starts another dispatcher
+		}
+		d.q.vh.mu.Unlock()
+	} else {
+		d.srv.log.Warn("consumer fetch failed", zap.String("queue", d.q.name), zap.Error(err))
+	}
 	d.mu.Lock()
+	if retired {
+		d.lost = err
+	}
 	all := slices.Clone(d.consumers)
 	d.mu.Unlock()
 	for _, cs := range all {
-		if cs.peer != nil {
-			cs.peer.fail(err)
-			continue
-		}
+		d.evict(cs, err, retired)
+	}
+	return retired
+}
+
+// evict ends cs's service by d after d's lease engine failed with err; moved: the queue went to
+// another replica (failConsumers).
+func (d *dispatcher) evict(cs *consumer, err error, moved bool) {
+	switch {
+	case cs.peer != nil:
+		cs.peer.fail(err)
+	case moved:
+		ch := cs.ch
+		ch.post(func() { ch.relocate(cs) })
+	default:
 		cs.ch.c.fail(backendError(err))
 	}
 }
@@ -829,6 +962,9 @@ func (ch *channel) settleRejects(us []*unacked, requeue, reject []bool) {
 	type keys struct{ ack, back, reject []uint64 }
 	var fwd map[*fwdLink]*keys
 	for i, u := range us {
+		if u.void && u.fwd == nil {
+			continue // its holding was lost (detach): it comes again from the queue's next holder
+		}
 		rejected := reject != nil && reject[i]
 		if u.fwd != nil {
 			if fwd == nil {

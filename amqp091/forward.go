@@ -135,7 +135,12 @@ func (s *Server) acquire(ctx context.Context, ch string, wait time.Duration, sto
 // q (acquired once per channel), or a client of the replica that does.
 func (ch *channel) resolve(q *queue) (*delivery.Handle, peerpb.AMQPPeerClient, error) {
 	if h := ch.handles[q]; h != nil {
-		return h, nil, nil
+		if h.Usable() {
+			return h, nil, nil
+		}
+		// This replica lost the queue since (another replica claimed it): resolve again.
+		delete(ch.handles, q)
+		h.Close()
 	}
 	q.markUsed()
 	h, pc, err := ch.c.srv.acquire(ch.c.ctx, q.channel, ownerWait, nil)
@@ -748,8 +753,10 @@ func (s *Server) forward(cs *consumer, l *fwdLink, done <-chan struct{}) {
 			return
 		case h != nil:
 			s.log.Info("forwarded consumer is served here now", zap.String("queue", q.name), zap.String("tag", cs.tag), zap.Duration("after", time.Since(since)))
-			s.serveHere(cs, h, done)
-			return
+			if !s.serveHere(cs, h, done) {
+				return
+			}
+			continue // this replica lost the queue again: resolve the holder anew
 		}
 		nl, err := ch.openLink(pc, q, cs)
 		var ae *wire.Error
@@ -781,8 +788,10 @@ func (s *Server) forward(cs *consumer, l *fwdLink, done <-chan struct{}) {
 }
 
 // serveHere makes a forwarded consumer a consumer of this replica's
-// dispatcher once this replica holds its queue, until it stops.
-func (s *Server) serveHere(cs *consumer, h *delivery.Handle, done <-chan struct{}) {
+// dispatcher once this replica holds its queue, until it stops (false),
+// or until this replica loses the queue (true: the consumer is detached,
+// for the caller to resolve the holder anew).
+func (s *Server) serveHere(cs *consumer, h *delivery.Handle, done <-chan struct{}) (lost bool) {
 	defer h.Close()
 	ch, q := cs.ch, cs.q
 	ch.dmu.Lock()
@@ -790,7 +799,8 @@ func (s *Server) serveHere(cs *consumer, h *delivery.Handle, done <-chan struct{
 		ch.dmu.Unlock()
 		return
 	}
-	cs.h, cs.fwd = h, nil
+	moved := make(chan struct{})
+	cs.h, cs.fwd, cs.moved = h, nil, moved
 	ch.dmu.Unlock()
 	q.vh.mu.Lock()
 	if _, ok := q.consumers[cs]; !ok || q.deleted {
@@ -801,9 +811,17 @@ func (s *Server) serveHere(cs *consumer, h *delivery.Handle, done <-chan struct{
 		q.disp = newDispatcher(s, q)
 	}
 	cs.d = q.disp
-	q.vh.mu.Unlock()
+	// Added under the lock, so that a dispatcher that loses the queue meanwhile either retires
+	// first (q.disp is then another) or evicts cs (failConsumers, relocate closes moved).
 	cs.d.add(cs)
-	<-done
+	q.vh.mu.Unlock()
+	select {
+	case <-done:
+		return false
+	case <-moved:
+	}
+	ch.detach(cs)
+	return true
 }
 
 // getForwarded is basic.get of a queue another replica holds, over the

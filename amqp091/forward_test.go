@@ -28,18 +28,78 @@ import (
 // KubeMQ clients, ownership and acknowledgement logs, lease engine, AMQP
 // front-end and peer port, as proxy.Proxy wires them.
 
-type testOwners struct{ c *cluster.Cluster }
+type testOwners struct {
+	c *cluster.Cluster
+	k *ownerKnobs
+}
+
+// ownerKnobs let a test take a queue from a replica as a lapsed ownership lease would: lose
+// tells the replica's lease engine that its holding is lost and keeps it from claiming the queue
+// again; release then gives the holding up in the ownership log, for another replica to claim.
+type ownerKnobs struct {
+	mu     sync.Mutex
+	refuse map[string]bool
+	held   map[string]*knobOwned
+}
+
+type knobOwned struct {
+	*cluster.Ownership
+	lost chan struct{}
+	once sync.Once
+}
+
+func (o *knobOwned) Lost() <-chan struct{} { return o.lost }
+
+func (o *knobOwned) lose() { o.once.Do(func() { close(o.lost) }) }
 
 func (o testOwners) Claim(ctx context.Context, queue string) (delivery.Owned, error) {
+	o.k.mu.Lock()
+	refused := o.k.refuse[queue]
+	o.k.mu.Unlock()
+	if refused {
+		return nil, fmt.Errorf("%w: refused by the test", delivery.ErrNotOwner)
+	}
 	h, err := o.c.Claim(ctx, queue)
 	var oe *cluster.OwnedError
 	switch {
 	case err == nil:
-		return h, nil
+		ko := &knobOwned{Ownership: h, lost: make(chan struct{})}
+		go func() {
+			select {
+			case <-h.Lost():
+				ko.lose()
+			case <-ko.lost:
+			}
+		}()
+		o.k.mu.Lock()
+		o.k.held[queue] = ko
+		o.k.mu.Unlock()
+		return ko, nil
 	case errors.As(err, &oe), errors.Is(err, cluster.ErrUnsettled), errors.Is(err, cluster.ErrNotReady):
 		return nil, fmt.Errorf("%w: %w", delivery.ErrNotOwner, err)
 	}
 	return nil, err
+}
+
+// lose makes the replica lose its holding of queue (a KubeMQ channel) and refuse to claim it
+// until allow; it returns the holding, to release once the replica stopped consuming.
+func (k *ownerKnobs) lose(t *testing.T, queue string) *knobOwned {
+	t.Helper()
+	k.mu.Lock()
+	k.refuse[queue] = true
+	o := k.held[queue]
+	k.mu.Unlock()
+	if o == nil {
+		t.Fatalf("%s not held", queue)
+	}
+	o.lose()
+	return o
+}
+
+func (k *ownerKnobs) allow(queue string) {
+	k.mu.Lock()
+	delete(k.refuse, queue)
+	k.mu.Unlock()
 }
 
 type testPeers struct {
@@ -77,6 +137,7 @@ type replica struct {
 	cluster  *cluster.Cluster
 	peers    *cluster.Peers
 	m        *delivery.Manager
+	owners   *ownerKnobs
 	stop     func() // stops the front-end, then the lease engine, the peer port and the logs
 }
 
@@ -125,8 +186,9 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts 
 		t.Fatal(err)
 	}
 	dk := dial()
+	knobs := &ownerKnobs{refuse: map[string]bool{}, held: map[string]*knobOwned{}}
 	m, err := delivery.NewManager(delivery.NewKubeMQBackend(dk), delivery.Options{Logger: base.log.Named(id + ".delivery"),
-		Owners: testOwners{c}, Settlements: acks}, nil)
+		Owners: testOwners{c: c, k: knobs}, Settlements: acks}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +203,7 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts 
 	}
 	e := &env{t: t, kubemq: base.kubemq, conn: base.conn, vhost: base.vhost, regChan: base.regChan, log: base.log.Named(id),
 		followDelay: base.followDelay}
-	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m}
+	r := &replica{env: e, id: id, secret: secret, peerAddr: lis.Addr().String(), cluster: c, peers: peers, m: m, owners: knobs}
 	e.start(append([]func(*Options){func(o *Options) {
 		o.Deliveries = m
 		o.Peers = testPeers{c: c, p: peers, self: lis.Addr().String(), env: e}
@@ -468,6 +530,197 @@ func TestForwardedConsumerSurvivesHolderStop(t *testing.T) {
 	if owner(t, rs[1:], "stop.q") != b {
 		t.Fatal("b should hold the queue now")
 	}
+}
+
+// A replica that loses a queue it holds (its ownership lease lapsed; another replica claims it)
+// keeps its clients: their consumers go on through the new holder, the connection stays open,
+// what a consumer held unacknowledged comes again (redelivered, its late ack void), and nothing
+// is lost. A consume and a basic.get on the old holder's channels after the loss go through the
+// new holder too.
+func TestHolderLosingQueueMovesConsumers(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	const name = "lose.q"
+	conna := a.dial()
+	closed := conna.NotifyClose(make(chan *amqp.Error, 1))
+	cha := a.channel(conna)
+	if _, err := cha.QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cha.Qos(20, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	da, err := cha.Consume(name, "ca", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner(t, rs, name) != a {
+		t.Fatal("a should hold the queue")
+	}
+	connb := b.dial()
+	closedB := connb.NotifyClose(make(chan *amqp.Error, 1))
+	chb := b.channel(connb)
+	if err := chb.Qos(20, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	db, err := chb.Consume(name, "cb", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := b.channel(b.dial())
+	publishN(t, pub, name, 0, 200)
+
+	var mu sync.Mutex
+	got := map[string]int{} // deliveries per message
+	onA, redelivered := 0, 0
+	var held []amqp.Delivery // a's deliveries kept unacknowledged until after the loss
+	take := func(d amqp.Delivery, fromA bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[d.MessageId]++
+		if fromA {
+			onA++
+		}
+		if d.Redelivered {
+			redelivered++
+		}
+	}
+	ack := func(d amqp.Delivery) {
+		if err := d.Ack(false); err != nil {
+			t.Error(err)
+		}
+	}
+	// Until the loss, a's client keeps its first 5 deliveries and acks the rest; b's acks all.
+	for len(held) < 5 {
+		d := mustRecv(t, da, "a before the loss")
+		take(d, true)
+		held = append(held, d)
+	}
+	stopB := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case d, ok := <-db:
+				if !ok {
+					return
+				}
+				take(d, false)
+				ack(d)
+			case <-stopB:
+				return
+			}
+		}
+	}()
+	ch := queueChannel(vhostKey(a.vhost), name, 0)
+	o := a.owners.lose(t, ch)
+	lostAt := time.Now()
+	for a.m.Lookup(ch) != nil { // a stops consuming the queue...
+		if time.Since(lostAt) > 20*time.Second {
+			t.Fatal("a still consumes the queue 20 s after losing it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := o.Release(context.Background()); err != nil { // ...then another replica may claim it
+		t.Fatal(err)
+	}
+	for _, d := range held { // acks of deliveries made through the lost holding change nothing
+		ack(d)
+	}
+	publishN(t, pub, name, 200, 200)
+	// A consume and a get through a channel of a's that used the queue before the loss.
+	da2, err := cha.Consume(name, "ca2", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume on a after the loss: %v", err)
+	}
+	if err := cha.Cancel("ca2", false); err != nil {
+		t.Fatal(err)
+	}
+	for d := range da2 { // what it got before the cancel
+		take(d, true)
+		ack(d)
+	}
+	var firstAfter time.Duration
+	waitAll := func(want int, phase string) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			mu.Lock()
+			n := len(got)
+			mu.Unlock()
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d messages delivered", phase, n, want)
+			}
+			select {
+			case d, ok := <-da:
+				if !ok {
+					t.Fatalf("%s: a's consumer ended", phase)
+				}
+				if firstAfter == 0 {
+					firstAfter = time.Since(lostAt)
+				}
+				take(d, true)
+				ack(d)
+			case err := <-closed:
+				t.Fatalf("%s: a's connection closed: %v", phase, err)
+			case err := <-closedB:
+				t.Fatalf("%s: b's connection closed: %v", phase, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	waitAll(400, "after a lost the queue")
+	if owner(t, rs, name) != b {
+		t.Fatal("b should hold the queue after a lost it")
+	}
+	if _, ok, err := cha.Get(name, false); err != nil || ok {
+		t.Fatalf("basic.get on a after the loss: ok %v, %v", ok, err)
+	}
+	mu.Lock()
+	for _, d := range held {
+		if got[d.MessageId] < 2 {
+			t.Errorf("message %s, held by a's client when a lost the queue, did not come again", d.MessageId)
+		}
+	}
+	t.Logf("a lost the queue: a's consumer %d deliveries, the first %v after the loss; %d redelivered", onA, firstAfter, redelivered)
+	mu.Unlock()
+
+	// Now b loses it: its consumer, served there since it took the queue over, moves too, and a
+	// (whose consumer is forwarded to b) takes the queue back.
+	a.owners.allow(ch)
+	publishN(t, pub, name, 400, 100) // some of them still out when b loses the queue
+	o = b.owners.lose(t, ch)
+	lostAt, firstAfter = time.Now(), 0
+	for b.m.Lookup(ch) != nil {
+		if time.Since(lostAt) > 20*time.Second {
+			t.Fatal("b still consumes the queue 20 s after losing it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := o.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, pub, name, 500, 100)
+	waitAll(600, "after b lost the queue")
+	close(stopB)
+	wg.Wait()
+	if owner(t, rs, name) != a {
+		t.Fatal("a should hold the queue after b lost it")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range got {
+		if n > 3 { // once, and again at most once for each loss
+			t.Errorf("message %s delivered %d times", id, n)
+		}
+	}
+	t.Logf("b lost the queue: first delivery on a %v after the loss; %d deliveries on a, %d redelivered in all", firstAfter, onA, redelivered)
+	b.owners.allow(ch)
 }
 
 // The peer service refuses malformed links and calls with a clear status, and ignores

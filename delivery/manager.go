@@ -473,6 +473,16 @@ func (h *Handle) Consumer() *Consumer { return h.c }
 // holding lost). A later Acquire starts another Consumer, with another Gone.
 func (h *Handle) Gone() <-chan struct{} { return h.e.done }
 
+// Usable reports whether h may still fetch and settle: false once h is closed or the Consumer it
+// shares is closing (its holding lost, the backend lost for good, the Manager closing). A
+// front-end that keeps a Handle across requests acquires another when this turns false; a
+// settlement through an unusable Handle changes nothing (what it names comes again).
+func (h *Handle) Usable() bool {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	return !h.closed && !h.c.closing
+}
+
 // SetDeadline sets the lease deadline of later Fetch calls through h (0 = none).
 func (h *Handle) SetDeadline(d time.Duration) {
 	h.c.mu.Lock()

@@ -236,6 +236,9 @@ func TestManagerOwnership(t *testing.T) {
 		owners.mu.Lock()
 		held := owners.holdings[testQueue]
 		owners.mu.Unlock()
+		if !h.Usable() {
+			t.Fatal("Handle unusable while the holding stands")
+		}
 		held.lose()
 		if err := <-waiting; !errors.Is(err, ErrHandedOver) {
 			t.Fatalf("waiting Fetch after the holding was lost: %v", err)
@@ -248,6 +251,9 @@ func TestManagerOwnership(t *testing.T) {
 		if h.Ack(got[0].LeaseID)[0] {
 			t.Error("ack accepted after the handover")
 		}
+		if h.Usable() {
+			t.Error("Handle usable after the handover")
+		}
 		if r, _ := f.stored(testQueue); r != 4 {
 			t.Errorf("%d messages back in the queue after the handover, want 4", r)
 		}
@@ -256,6 +262,9 @@ func TestManagerOwnership(t *testing.T) {
 		h2, err := m.Acquire(context.Background(), testQueue)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !h2.Usable() || h.Usable() {
+			t.Errorf("after a new Acquire: new Handle usable %v, closed one %v", h2.Usable(), h.Usable())
 		}
 		again := fetchFor(t, h2, 4, 30*time.Second)
 		h2.Ack(leaseIDs(again)...)

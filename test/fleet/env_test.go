@@ -230,6 +230,54 @@ func killedDuringGet(refusal string, kills []time.Time) bool {
 	return false
 }
 
+// storedTwice is, on an external KubeMQ, how many messages of the proxies' stores into data
+// queues (AMQP queues, Pub/Sub subscriptions) KubeMQ left unanswered and were sent again: each
+// may be stored twice (docs/kubemq.md 10.2), and so delivered twice. 0 on the embedded backend,
+// which answers every send.
+func (f *fleet) storedTwice() int {
+	if os.Getenv(kubemqtest.EnvAddress) == "" {
+		return 0
+	}
+	n := 0
+	for _, p := range f.procs {
+		b, err := os.ReadFile(p.LogPath())
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, "kubemq left a send unanswered; sending it again") {
+				continue
+			}
+			var ev struct {
+				Messages int    `json:"messages"`
+				Channel  string `json:"channel"`
+			}
+			if json.Unmarshal([]byte(line), &ev) != nil {
+				continue
+			}
+			if strings.HasPrefix(ev.Channel, "amqp.") || strings.HasPrefix(ev.Channel, "gcp.sub.") {
+				n += ev.Messages
+			}
+		}
+	}
+	return n
+}
+
+// excused reports whether dups deliveries beyond the first (what) are explained by messages
+// KubeMQ may have stored twice (storedTwice), logging it as a known limit when so.
+func (f *fleet) excused(dups int, what string) bool {
+	f.t.Helper()
+	if dups == 0 {
+		return true
+	}
+	twice := f.storedTwice()
+	if dups > twice {
+		return false
+	}
+	f.t.Logf("KNOWN LIMIT (docs/kubemq.md 10.2): %d %s, and KubeMQ left sends of %d messages unanswered, which were sent again and may be stored twice", dups, what, twice)
+	return true
+}
+
 func (f *fleet) checkProblems() {
 	f.t.Helper()
 	for _, p := range f.procs {

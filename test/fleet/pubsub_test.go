@@ -322,7 +322,7 @@ func TestPubSubFleet(t *testing.T) {
 	wg.Wait()
 	dups, afterAck, split := l.report(t, ids)
 	t.Logf("FLEET pubsub %d messages in %v, %d duplicates (%d of acked messages), per replica:%s", n, took.Round(time.Millisecond), dups, afterAck, split)
-	if dups != 0 {
+	if !f.excused(dups, "duplicate deliveries") {
 		t.Errorf("%d duplicate deliveries without any fault", dups)
 	}
 	even := float64(n) / float64(len(f.replicas))
@@ -418,7 +418,7 @@ func TestPubSubFleetStop(t *testing.T) {
 	wg.Wait()
 	dups, afterAck, split := l.report(t, ids)
 	t.Logf("FLEET pubsub SIGTERM: %d messages, %d duplicates (%d of acked messages), per replica:%s", n, dups, afterAck, split)
-	if afterAck != 0 {
+	if !f.excused(afterAck, "deliveries of acked messages") {
 		t.Errorf("%d deliveries of acked messages after a graceful stop", afterAck)
 	}
 	f.checkProblems()

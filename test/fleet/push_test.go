@@ -91,7 +91,7 @@ func runPushFleet(t *testing.T, fault func(f *fleet, pl *pushLedger)) {
 	if pl.overlap != 0 {
 		t.Errorf("%d messages pushed by two requests at once: more than one replica pushes the subscription", pl.overlap)
 	}
-	if fault == nil && dups != 0 {
+	if fault == nil && !f.excused(dups, "messages pushed again") {
 		t.Errorf("%d messages pushed again without any fault", dups)
 	}
 	f.checkProblems()

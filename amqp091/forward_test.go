@@ -96,6 +96,25 @@ func (k *ownerKnobs) lose(t *testing.T, queue string) *knobOwned {
 	return o
 }
 
+// takeFrom makes r lose its holding of KubeMQ channel ch, waits until r no longer consumes it,
+// and only then releases the holding in the ownership log, for another replica to claim; it
+// returns when the loss began.
+func takeFrom(t *testing.T, r *replica, ch string) time.Time {
+	t.Helper()
+	o := r.owners.lose(t, ch)
+	at := time.Now()
+	for r.m.Lookup(ch) != nil {
+		if time.Since(at) > 20*time.Second {
+			t.Fatalf("%s still consumes %s 20 s after losing it", r.id, ch)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := o.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
 func (k *ownerKnobs) allow(queue string) {
 	k.mu.Lock()
 	delete(k.refuse, queue)
@@ -571,15 +590,18 @@ func TestHolderLosingQueueMovesConsumers(t *testing.T) {
 	publishN(t, pub, name, 0, 200)
 
 	var mu sync.Mutex
-	got := map[string]int{} // deliveries per message
-	onA, redelivered := 0, 0
-	var held []amqp.Delivery // a's deliveries kept unacknowledged until after the loss
+	got := map[string]int{}             // deliveries per message
+	onA, newOnA, redelivered := 0, 0, 0 // newOnA: a's deliveries of messages published after the first loss
+	var held []amqp.Delivery            // a's deliveries kept unacknowledged until after the loss
 	take := func(d amqp.Delivery, fromA bool) {
 		mu.Lock()
 		defer mu.Unlock()
 		got[d.MessageId]++
 		if fromA {
 			onA++
+			if i, _ := strconv.Atoi(d.MessageId); i >= 200 && i < 400 {
+				newOnA++
+			}
 		}
 		if d.Redelivered {
 			redelivered++
@@ -615,17 +637,22 @@ func TestHolderLosingQueueMovesConsumers(t *testing.T) {
 		}
 	}()
 	ch := queueChannel(vhostKey(a.vhost), name, 0)
-	o := a.owners.lose(t, ch)
-	lostAt := time.Now()
-	for a.m.Lookup(ch) != nil { // a stops consuming the queue...
-		if time.Since(lostAt) > 20*time.Second {
-			t.Fatal("a still consumes the queue 20 s after losing it")
+	lostAt := takeFrom(t, a, ch)
+	// a's consumer counts on the new holder once its link is open.
+	for {
+		q, err := pub.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if q.Consumers == 2 {
+			break
+		}
+		if time.Since(lostAt) > 20*time.Second {
+			t.Fatalf("%d consumers of the queue 20 s after a lost it, want 2", q.Consumers)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if err := o.Release(context.Background()); err != nil { // ...then another replica may claim it
-		t.Fatal(err)
-	}
+	t.Logf("a's consumer is forwarded to the new holder %v after the loss", time.Since(lostAt).Round(time.Millisecond))
 	for _, d := range held { // acks of deliveries made through the lost holding change nothing
 		ack(d)
 	}
@@ -687,24 +714,17 @@ func TestHolderLosingQueueMovesConsumers(t *testing.T) {
 			t.Errorf("message %s, held by a's client when a lost the queue, did not come again", d.MessageId)
 		}
 	}
-	t.Logf("a lost the queue: a's consumer %d deliveries, the first %v after the loss; %d redelivered", onA, firstAfter, redelivered)
+	if newOnA == 0 {
+		t.Error("a's consumer got none of the messages published after a lost the queue")
+	}
+	t.Logf("a lost the queue: a's consumer %d deliveries (%d of the messages published since), the first %v after the loss; %d redelivered", onA, newOnA, firstAfter, redelivered)
 	mu.Unlock()
 
 	// Now b loses it: its consumer, served there since it took the queue over, moves too, and a
 	// (whose consumer is forwarded to b) takes the queue back.
 	a.owners.allow(ch)
 	publishN(t, pub, name, 400, 100) // some of them still out when b loses the queue
-	o = b.owners.lose(t, ch)
-	lostAt, firstAfter = time.Now(), 0
-	for b.m.Lookup(ch) != nil {
-		if time.Since(lostAt) > 20*time.Second {
-			t.Fatal("b still consumes the queue 20 s after losing it")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := o.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	lostAt, firstAfter = takeFrom(t, b, ch), 0
 	publishN(t, pub, name, 500, 100)
 	waitAll(600, "after b lost the queue")
 	close(stopB)

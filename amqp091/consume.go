@@ -239,56 +239,53 @@ func (ch *channel) relocate(cs *consumer) {
 	done := cs.done
 	ch.dmu.Unlock()
 	ch.detach(cs)
-	if h := ch.handles[cs.q]; h != nil && !h.Usable() {
-		delete(ch.handles, cs.q)
-		h.Close()
-	}
+	ch.heldHandle(cs.q) // drops the channel's handle on the lost holding
 	ch.log.Info("consumer moves to the queue's new holder", zap.String("queue", cs.q.name), zap.String("tag", cs.tag))
 	ch.c.srv.goForward(cs, nil, done)
 }
 
-// detach takes cs off the dispatcher that served it here, whose holding of the queue was lost,
-// and voids the channel's deliveries made through a holding that was lost: a settlement of one
-// changes nothing (settleRejects skips it), it comes again from the queue's next holder (its
-// lease records), redelivered, and it no longer counts against a prefetch, as a forwarded
-// delivery whose link ended (fwdLink.void). Any goroutine.
+// detach takes cs off the dispatcher that served it here, retired when its holding of the
+// queue was lost (failConsumers), and voids the channel's deliveries made through a holding that
+// was lost: a settlement of one changes nothing (settleRejects skips it), it comes again from the
+// queue's next holder (its lease records), redelivered, and it no longer counts against a
+// prefetch, as a forwarded delivery whose link ended (fwdLink.void). Any goroutine.
 func (ch *channel) detach(cs *consumer) {
 	q := cs.q
 	q.vh.mu.Lock()
-	if d := cs.d; d != nil {
-		d.remove(cs)
-		if q.disp == d && d.empty() {
-			q.disp = nil
-			d.stop()
-		}
+	if cs.d != nil {
+		cs.d.remove(cs)
 		cs.d = nil
 	}
 	q.vh.mu.Unlock()
 	ch.dmu.Lock()
-	hs := map[*delivery.Handle]bool{}
+	hs := map[*delivery.Handle]struct{}{}
 	for _, u := range ch.unacked {
 		if u.fwd == nil && !u.void {
-			hs[u.h] = true
+			hs[u.h] = struct{}{}
 		}
 	}
 	ch.dmu.Unlock()
+	dead := map[*delivery.Handle]bool{}
 	for h := range hs {
-		hs[h] = h.Usable() // not under dmu: the lease engine's lock is not taken under it
+		dead[h] = !h.Usable() // not under dmu: the lease engine's lock is not taken under it
 	}
 	ch.dmu.Lock()
 	for _, u := range ch.unacked {
-		if u.fwd == nil && !u.void && !hs[u.h] {
-			if _, seen := hs[u.h]; !seen {
-				continue // made after the check: through a live holding
-			}
-			u.void = true
-			ch.voided++
-			if u.cons != nil {
-				u.cons.outstanding--
-			}
+		if u.fwd == nil && !u.void && dead[u.h] {
+			ch.voidLocked(u)
 		}
 	}
 	ch.dmu.Unlock()
+}
+
+// voidLocked marks u void: its holding or link is gone, it comes again, and it no longer counts
+// against a prefetch. The caller holds dmu.
+func (ch *channel) voidLocked(u *unacked) {
+	u.void = true
+	ch.voided++
+	if u.cons != nil {
+		u.cons.outstanding--
+	}
 }
 
 // stopConsumer ends cs: no delivery reaches it once this returns. Its

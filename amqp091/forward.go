@@ -131,16 +131,24 @@ func (s *Server) acquire(ctx context.Context, ch string, wait time.Duration, sto
 	}
 }
 
+// heldHandle returns the channel's lease handle on q, if it has one that is
+// still usable; one on a holding this replica lost since (another replica
+// claimed q) is dropped.
+func (ch *channel) heldHandle(q *queue) *delivery.Handle {
+	h := ch.handles[q]
+	if h == nil || h.Usable() {
+		return h
+	}
+	delete(ch.handles, q)
+	h.Close()
+	return nil
+}
+
 // resolve returns the channel's lease handle on q when this replica holds
 // q (acquired once per channel), or a client of the replica that does.
 func (ch *channel) resolve(q *queue) (*delivery.Handle, peerpb.AMQPPeerClient, error) {
-	if h := ch.handles[q]; h != nil {
-		if h.Usable() {
-			return h, nil, nil
-		}
-		// This replica lost the queue since (another replica claimed it): resolve again.
-		delete(ch.handles, q)
-		h.Close()
+	if h := ch.heldHandle(q); h != nil {
+		return h, nil, nil
 	}
 	q.markUsed()
 	h, pc, err := ch.c.srv.acquire(ch.c.ctx, q.channel, ownerWait, nil)
@@ -632,11 +640,7 @@ func (l *fwdLink) void() {
 	}
 	for _, u := range ch.unacked {
 		if u.fwd == l && !u.void {
-			u.void = true
-			ch.voided++
-			if u.cons != nil {
-				u.cons.outstanding--
-			}
+			ch.voidLocked(u)
 		}
 	}
 }

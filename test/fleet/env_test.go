@@ -240,11 +240,7 @@ func (f *fleet) storedTwice() int {
 	}
 	n := 0
 	for _, p := range f.procs {
-		b, err := os.ReadFile(p.LogPath())
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
+		for _, line := range logLines(p) {
 			if !strings.Contains(line, "kubemq left a send unanswered; sending it again") {
 				continue
 			}
@@ -261,6 +257,15 @@ func (f *fleet) storedTwice() int {
 		}
 	}
 	return n
+}
+
+// logLines returns the lines of p's log so far (none when it cannot be read).
+func logLines(p *proctest.Proc) []string {
+	b, err := os.ReadFile(p.LogPath())
+	if err != nil {
+		return nil
+	}
+	return strings.Split(string(b), "\n")
 }
 
 // excused reports whether dups deliveries beyond the first (what) are explained by messages

@@ -267,11 +267,7 @@ func kubemqMisordered(t *testing.T, h *replica, key string) bool {
 	if os.Getenv(kubemqtest.EnvAddress) == "" {
 		return false
 	}
-	b, err := os.ReadFile(h.p.LogPath())
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range logLines(h.p) {
 		if strings.Contains(line, "KubeMQ handed out a message after a later one of its key") && strings.Contains(line, `"key":"`+key+`"`) &&
 			strings.Contains(line, `"held":false`) {
 			t.Logf("KNOWN LIMIT (README, docs/kubemq.md 10.6): %s got out of order because KubeMQ handed it out so; %s logged: %s", key, h.name, line)

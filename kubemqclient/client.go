@@ -152,13 +152,16 @@ type Client struct {
 	heard atomic.Int64 // unix nanos of the last answer or stream message from the server (hear)
 	// sendRetries counts batches sent again after an unanswered attempt (SendAttempt).
 	sendRetries atomic.Int64
-	kick        chan struct{} // wakes the health loop early (cap 1)
-	notifyMu    sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
-	stateMu     sync.Mutex    // guards hooks, readyCh, closed
-	hooks       map[int]func(up bool)
-	hookID      int
-	readyCh     chan struct{} // closed when ready; replaced when going down
-	closed      bool
+	// sendsCut counts publishing calls (FailFast) that failed because readiness was lost
+	// while they were in flight: the server may have stored what they sent.
+	sendsCut atomic.Int64
+	kick     chan struct{} // wakes the health loop early (cap 1)
+	notifyMu sync.Mutex    // held from a readiness change through its hooks, so hooks see changes in order
+	stateMu  sync.Mutex    // guards hooks, readyCh, closed
+	hooks    map[int]func(up bool)
+	hookID   int
+	readyCh  chan struct{} // closed when ready; replaced when going down
+	closed   bool
 	// upCtx lives while the client is ready and ends (cause errOutage) when
 	// readiness is lost; a new one starts with the next ready. nil until the
 	// first ready. Publishing calls are bound to it (boundToReadiness).
@@ -456,15 +459,22 @@ func (c *Client) setReady(up bool) {
 	}
 }
 
+// SendsResent is how many queue message batches the server left unanswered
+// for Options.SendAttempt and that were sent again.
+func (c *Client) SendsResent() int64 { return c.sendRetries.Load() }
+
+// SendsCut is how many publishing calls with a FailFast ctx failed with
+// ErrUnavailable because readiness was lost while they were in flight. The
+// server may have stored what each sent, so the caller's retry may store it
+// twice (a false outage on a starved machine is the usual case: the server
+// was slow, not gone).
+func (c *Client) SendsCut() int64 { return c.sendsCut.Load() }
+
 // observe inspects an error from any call: an unavailable server makes the
 // health loop ping at once, and that ping decides readiness. (Flipping on
 // the error itself would flap: after a restart, streams opened before it
 // still fail with Unavailable while the server is already back.) It returns
 // err unchanged.
-// SendsResent is how many queue message batches the server left unanswered
-// for Options.SendAttempt and that were sent again.
-func (c *Client) SendsResent() int64 { return c.sendRetries.Load() }
-
 func (c *Client) observe(err error) error {
 	if err != nil && errors.Is(err, ErrUnavailable) && !c.isClosed() {
 		select {
@@ -585,9 +595,14 @@ func (c *Client) boundToReadiness(op string, ctx context.Context) (context.Conte
 }
 
 // settleOutage replaces err with outageErr when ctx (from
-// boundToReadiness) ended because readiness was lost.
-func settleOutage(op string, ctx context.Context, err error) error {
+// boundToReadiness) ended because readiness was lost, counting the call
+// (SendsCut) and logging its messages (n, the first one's channel): the
+// server may have stored them, and the caller's retry may store them again.
+func (c *Client) settleOutage(op string, ctx context.Context, err error, n int, channel string) error {
 	if err != nil && ctx.Err() != nil && errors.Is(context.Cause(ctx), errOutage) {
+		c.sendsCut.Add(1)
+		c.log.Warn("kubemq outage declared while a send was in flight; the server may have stored it, so a retry may store it twice",
+			zap.String("op", op), zap.Int("messages", n), zap.String("channel", channel))
 		return outageErr(op)
 	}
 	return err

@@ -72,7 +72,7 @@ func (c *Client) PublishEvents(ctx context.Context, events []Event) ([]PublishRe
 		endBatch(t, OpPublishEvents, b.results, nil)
 		return b.results, nil
 	case <-ctx.Done():
-		err := settleOutage(op, ctx, wrapErr(op, ctx.Err()))
+		err := c.settleOutage(op, ctx, wrapErr(op, ctx.Err()), len(events), events[0].Channel)
 		t.end(OpPublishEvents, err)
 		return nil, err
 	}

@@ -181,6 +181,11 @@ func TestFrozenServerFailsFast(t *testing.T) {
 	if c.Ready() {
 		t.Error("still ready after the in-flight calls failed")
 	}
+	// Each was cut in flight (the server may have stored it): counted, for the
+	// proxy's metric and log.
+	if got := c.SendsCut(); got != 3 {
+		t.Errorf("SendsCut = %d after three calls cut in flight, want 3", got)
+	}
 	// Without FailFast a call waits for the server as before: here until its
 	// own deadline.
 	plain, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)

@@ -36,7 +36,7 @@ func (c *Client) SendQueueMessage(ctx context.Context, m QueueMessage) (SendResu
 	t := c.startOp()
 	r, err := c.rpc.SendQueueMessage(ctx, pm)
 	if err != nil {
-		err = settleOutage(op, ctx, c.observe(wrapErr(op, err)))
+		err = c.settleOutage(op, ctx, c.observe(wrapErr(op, err)), 1, m.Channel)
 		t.end(OpSendQueue, err)
 		return SendResult{}, err
 	}
@@ -88,7 +88,7 @@ func (c *Client) SendQueueMessages(ctx context.Context, msgs []QueueMessage) ([]
 		if err == nil {
 			break
 		}
-		err = settleOutage(op, ctx, c.observe(wrapErr(op, err)))
+		err = c.settleOutage(op, ctx, c.observe(wrapErr(op, err)), len(msgs), msgs[0].Channel)
 		t.end(OpSendQueueBatch, err)
 		if !unanswered || !c.ready.Load() {
 			return nil, err

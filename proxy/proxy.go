@@ -314,6 +314,10 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 		Namespace: "kubemq_proxy", Name: "backend_sends_resent_total",
 		Help: "Queue message batches KubeMQ left unanswered within one attempt (kubemq.send_attempt), sent again.",
 	}, func() float64 { return float64(p.client.SendsResent() + p.clusterClient.SendsResent()) }))
+	p.metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "kubemq_proxy", Name: "backend_sends_cut_total",
+		Help: "Client publishes in flight to KubeMQ when it was declared unreachable (kubemq.outage_detection), answered UNAVAILABLE or basic.nack: KubeMQ may have stored them, so the client's retry may store them twice.",
+	}, func() float64 { return float64(p.client.SendsCut()) }))
 	p.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "kubemq_proxy", Name: "ready",
 		Help: "1 while the proxy is ready (backend up and registry replayed).",

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -499,6 +500,13 @@ func injectFrozen(t *testing.T, r *run) time.Time {
 	}
 	if len(amInflightRs) == 0 {
 		t.Errorf("no AMQP probe publish was in flight when the outage was declared")
+	}
+	// Their stores were cut in flight (KubeMQ may hold them after the thaw, and the client's
+	// retry may store them twice): the proxy says so (kubemq_proxy_backend_sends_cut_total).
+	if log, err := os.ReadFile(e.proxy.LogPath()); err != nil {
+		t.Errorf("proxy log: %v", err)
+	} else if len(amInflightRs) > 0 && !bytes.Contains(log, []byte("kubemq outage declared while a send was in flight")) {
+		t.Errorf("%d AMQP publishes nacked in flight and no send logged as cut by the outage", len(amInflightRs))
 	}
 	amInflight, amInflightMax := latencies(amInflightRs)
 	amAfter, amAfterMax := latencies(between(p.am, declared, thawAt))

@@ -230,18 +230,22 @@ func killedDuringGet(refusal string, kills []time.Time) bool {
 	return false
 }
 
-// storedTwice is, on an external KubeMQ, how many messages of the proxies' stores into data
-// queues (AMQP queues, Pub/Sub subscriptions) KubeMQ left unanswered and were sent again: each
-// may be stored twice (docs/kubemq.md 10.2), and so delivered twice. 0 on the embedded backend,
-// which answers every send.
+// storedTwice is how many messages of the proxies' stores into data queues (AMQP queues,
+// Pub/Sub subscriptions) KubeMQ may have stored twice, and so delivered twice:
+//   - on an external KubeMQ, those it left unanswered, which were sent again (docs/kubemq.md
+//     10.2); the embedded backend answers every send;
+//   - on any backend, those in flight when a proxy declared KubeMQ unreachable
+//     (kubemq.outage_detection): the client was answered UNAVAILABLE or basic.nack and published
+//     them again, though the backend may have stored them (on a starved machine a slow backend
+//     is now and then declared down).
 func (f *fleet) storedTwice() int {
-	if os.Getenv(kubemqtest.EnvAddress) == "" {
-		return 0
-	}
+	external := os.Getenv(kubemqtest.EnvAddress) != ""
 	n := 0
 	for _, p := range f.procs {
 		for _, line := range logLines(p) {
-			if !strings.Contains(line, "kubemq left a send unanswered; sending it again") {
+			resent := strings.Contains(line, "kubemq left a send unanswered; sending it again")
+			cut := strings.Contains(line, "kubemq outage declared while a send was in flight")
+			if !cut && !(resent && external) {
 				continue
 			}
 			var ev struct {
@@ -279,7 +283,7 @@ func (f *fleet) excused(dups int, what string) bool {
 	if dups > twice {
 		return false
 	}
-	f.t.Logf("KNOWN LIMIT (docs/kubemq.md 10.2): %d %s, and KubeMQ left sends of %d messages unanswered, which were sent again and may be stored twice", dups, what, twice)
+	f.t.Logf("KNOWN LIMIT (docs/kubemq.md 10.2, docs/CLUSTER.md): %d %s, and stores of %d messages were sent again after KubeMQ left them unanswered or were cut in flight by a declared outage and published again: each may be stored twice", dups, what, twice)
 	return true
 }
 

@@ -131,6 +131,31 @@ func (p *Proc) RSS() float64 { return p.status("VmRSS:") }
 // PeakRSS returns the process's highest resident memory so far in bytes (VmHWM).
 func (p *Proc) PeakRSS() float64 { return p.status("VmHWM:") }
 
+// CPU returns the processor time the process used so far, user and system, from
+// /proc/PID/stat (0 when it cannot be read). Its resolution is the kernel's clock tick, taken
+// as 100 per second (USER_HZ, the value on every Linux architecture Go supports).
+func (p *Proc) CPU() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) is in parentheses and may hold spaces: count from after it.
+	i := bytes.LastIndexByte(raw, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 13 { // f[0] is field 3 (state); utime and stime are fields 14 and 15
+		return 0
+	}
+	user, err1 := strconv.ParseInt(f[11], 10, 64)
+	sys, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(user+sys) * (time.Second / 100)
+}
+
 // status returns a memory field of /proc/PID/status in bytes (0 when it cannot be read).
 func (p *Proc) status(field string) float64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))

@@ -64,11 +64,16 @@ func BenchmarkFleet(b *testing.B) {
 			}
 			fmt.Fprintf(&table, "%-7s %-8s %10.0f %10.0f %10.0f %8.2f %8.2f\n", proto, measure, rates[0], rates[1], rates[2], rates[1]/rates[0], rates[2]/rates[0])
 		}
-		own, fwd, perMsg := f.benchForward(b, proto, n)
+		own, fwd, perMsg, cpu := f.benchForward(b, proto, n)
 		b.ReportMetric(own, proto+"-owner-msg/s")
 		b.ReportMetric(fwd, proto+"-forwarded-msg/s")
 		b.ReportMetric(fwd/own, proto+"-forwarded/owner")
 		fmt.Fprintf(&table, "%-7s one consumer: on the holder %.0f msg/s, forwarded %.0f msg/s (%.2f)\n", proto, own, fwd, fwd/own)
+		if cpu[0].holder > 0 {
+			b.ReportMetric(cpu[1].holder/cpu[0].holder, proto+"-holder-cpu-forwarded/own")
+			fmt.Fprintf(&table, "%-7s CPU per message: the holder %.1f µs serving its own consumer, %.1f µs serving the forwarded one (%.2f); the forwarding replica %.1f µs; the backend %.1f and %.1f µs\n",
+				proto, cpu[0].holder, cpu[1].holder, cpu[1].holder/cpu[0].holder, cpu[1].forwarder, cpu[0].backend, cpu[1].backend)
+		}
 		if proto == "amqp" {
 			b.ReportMetric(perMsg, "amqp-link-requests/msg")
 			fmt.Fprintf(&table, "%-7s link requests (credit and settle) the holder received per forwarded delivery: %.3f\n", proto, perMsg)
@@ -158,11 +163,18 @@ func (f *fleet) benchRun(b *testing.B, proto string, rs []*replica, n int, stead
 	return float64(n) / took.Seconds()
 }
 
+// cpuPerMsg is the processor time each process spent per message of a measurement, in µs (0
+// for a process not involved or not ours: an external KubeMQ).
+type cpuPerMsg struct{ holder, forwarder, backend float64 }
+
 // benchForward drains a backlog of n with one consumer on the holder, then with one consumer
 // on another replica while the holder keeps the queue through a consumer that holds one message
 // (present in both runs). For AMQP, perMsg is the credit and settle requests the holder
-// received per forwarded delivery.
-func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMsg float64) {
+// received per forwarded delivery. cpu is each run's processor time per message: what the
+// holder spends per message served to a forwarded consumer against one of its own says what
+// forwarding costs it, apart from the machine's other processes (the forwarding replica, the
+// backend and the clients share its processors here).
+func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMsg float64, cpu [2]cpuPerMsg) {
 	h := f.replicas[0]
 	for i, on := range []*replica{h, f.replicas[1]} {
 		topic, target, key := f.benchTarget(b, proto, f.replicas)
@@ -180,11 +192,20 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		benchConsume(ctx, b, &wg, proto, on, target, l, gate, -1)
 		time.Sleep(2 * time.Second)
 		before := linkRequests(b, h)
+		cpuHolder, cpuOn, cpuBackend := h.p.CPU(), on.p.CPU(), f.backendCPU()
 		start := time.Now()
 		close(gate)
 		profiled := profileDuring(b, proto, i, []*replica{h, on})
 		l.waitFor(b, n-1, 10*time.Minute)
 		took := time.Since(start)
+		perUS := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n-1) }
+		cpu[i].holder = perUS(h.p.CPU() - cpuHolder)
+		if on != h {
+			cpu[i].forwarder = perUS(on.p.CPU() - cpuOn)
+		}
+		if f.backend != nil {
+			cpu[i].backend = perUS(f.backendCPU() - cpuBackend)
+		}
 		profiled()
 		if i == 1 {
 			perMsg = (linkRequests(b, h) - before) / float64(n-1)
@@ -201,7 +222,15 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		}
 		b.Logf("%s one consumer %s: %d messages in %v (%.0f msg/s)", proto, where, n-1, took.Round(time.Millisecond), rate)
 	}
-	return own, fwd, perMsg
+	return own, fwd, perMsg, cpu
+}
+
+// backendCPU is the embedded backend process's processor time so far; 0 on an external KubeMQ.
+func (f *fleet) backendCPU() time.Duration {
+	if f.backend == nil {
+		return 0
+	}
+	return f.backend.CPU()
 }
 
 // linkRequests is the credit and settle requests r received from other replicas' AMQP links.

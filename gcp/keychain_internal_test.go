@@ -17,27 +17,42 @@ import (
 // chain, unless a later message of the key was linked meanwhile.
 func TestKeyChainsLinkAndUnlink(t *testing.T) {
 	var c keyChains
-	if l := c.link("q", "k", "1"); l.prev != "" {
+	now := time.Now()
+	if l := c.link("q", "k", "1", now); l.prev != "" {
 		t.Fatalf("first link names %q", l.prev)
 	}
-	c.link("q2", "k", "x") // another subscription: a chain of its own
-	l2 := c.link("q", "k", "2")
-	l3 := c.link("q", "k", "3")
+	c.link("q2", "k", "x", now) // another subscription: a chain of its own
+	l2 := c.link("q", "k", "2", now)
+	l3 := c.link("q", "k", "3", now)
 	if l2.prev != "1" || l3.prev != "2" {
 		t.Fatalf("links %+v %+v", l2, l3)
 	}
 	c.unlink([]chainLink{l2, l3}) // the batch 2, 3 failed
-	if l := c.link("q", "k", "4"); l.prev != "1" {
+	if l := c.link("q", "k", "4", now); l.prev != "1" {
 		t.Fatalf("after a failed batch the next links to %q, want 1", l.prev)
 	}
-	l5 := c.link("q", "k", "5")
-	c.link("q", "k", "6") // a concurrent publish linked after 5
+	l5 := c.link("q", "k", "5", now)
+	c.link("q", "k", "6", now) // a concurrent publish linked after 5
 	c.unlink([]chainLink{l5})
-	if l := c.link("q", "k", "7"); l.prev != "6" {
+	if l := c.link("q", "k", "7", now); l.prev != "6" {
 		t.Fatalf("an unlink undid a later link: next links to %q, want 6", l.prev)
 	}
-	if l := c.link("q2", "k", "y"); l.prev != "x" {
+	if l := c.link("q2", "k", "y", now); l.prev != "x" {
 		t.Fatalf("q2's chain: %q", l.prev)
+	}
+	// A previous message stored more than chainSpan before is not named, but the chain goes
+	// on from the new one; an unlink of that one restores the old one.
+	later := now.Add(chainSpan + time.Millisecond)
+	l8 := c.link("q", "k", "8", later)
+	if l8.prev != "" {
+		t.Fatalf("a link to a message stored %v before: %q", chainSpan+time.Millisecond, l8.prev)
+	}
+	c.unlink([]chainLink{l8})
+	if l := c.link("q", "k", "9", now.Add(time.Second)); l.prev != "7" {
+		t.Fatalf("after unlinking 8 the next links to %q, want 7", l.prev)
+	}
+	if l := c.link("q", "k", "10", later); l.prev != "9" {
+		t.Fatalf("within chainSpan: %q, want 9", l.prev)
 	}
 }
 
@@ -160,5 +175,60 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	// Another key, first seen with a link: nothing to compare with, no wait.
 	if got := accept(msg("k2", ids[7], ids[5], 7)); !slices.Equal(got, []int{7}) {
 		t.Fatalf("a key's first message here: handed out %v", got)
+	}
+}
+
+// TestKeyFirstSeenWaitsForLinkedMessage: a runtime that has seen nothing of a key yet waits for
+// the message a copy names when that copy was published more than chainSpan (plus clockSkew)
+// after the runtime began to see every message: the named one was stored after that, so it
+// must come here (KubeMQ made it visible late). A copy published sooner after the start, or
+// after the runtime's marks started over, names one that may have gone out before: no wait.
+func TestKeyFirstSeenWaitsForLinkedMessage(t *testing.T) {
+	e := newRTEnv(t, Config{})
+	e.createTopic("t")
+	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t")})
+	se, _ := e.s.cat.sub("sub-s")
+	g := newIDGen()
+	n := 0
+	msg := func(key, id, prev string, i int, published time.Time) *delivery.Delivery {
+		n++
+		tags := map[string]string{TagMessageID: id, TagPublishTime: formatPublishTime(published), TagOrderingKey: key, "i": strconv.Itoa(i)}
+		if prev != "" {
+			tags[TagPrevID] = prev
+		}
+		return &delivery.Delivery{LeaseID: "test-lease-" + strconv.Itoa(n), Attempt: 1, MessageID: id, Body: []byte("m"), Tags: tags, Sequence: uint64(n)}
+	}
+	f := newFlow(1000, 0)
+	accept := func(ds ...*delivery.Delivery) []int {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		return nums(rt.acceptLocked(se, ds, f, time.Minute))
+	}
+	ids := make([]string, 6)
+	for i := range ids {
+		ids[i] = g.next()
+	}
+	now := time.Now()
+	// Just started: a key first seen with a link goes out at once.
+	if got := accept(msg("fresh", ids[1], ids[0], 1, now)); !slices.Equal(got, []int{1}) {
+		t.Fatalf("first seen %v after the start: handed out %v, want 1 at once", time.Since(rt.start).Round(time.Millisecond), got)
+	}
+	// The runtime began long enough ago: 3 names 2, which must come here.
+	rt.mu.Lock()
+	rt.marksFrom = now.Add(-(chainSpan + clockSkew + time.Second))
+	rt.mu.Unlock()
+	if got := accept(msg("k", ids[3], ids[2], 3, now)); len(got) != 0 {
+		t.Fatalf("3 handed out before the 2 it names: %v", got)
+	}
+	if got := accept(msg("k", ids[2], "", 2, now.Add(-time.Millisecond))); len(got) != 0 {
+		t.Fatalf("2 went out ahead of 3's wait ending: %v", got)
+	}
+	if got := nums(e.take(rt, f, 2)); !slices.Equal(got, []int{2, 3}) {
+		t.Fatalf("the key went out as %v, want 2 3", got)
+	}
+	// Published before marksFrom + chainSpan + clockSkew: the named one may have gone out
+	// before, no wait.
+	if got := accept(msg("k2", ids[5], ids[4], 5, now.Add(-2*time.Second))); !slices.Equal(got, []int{5}) {
+		t.Fatalf("published before the runtime saw everything: handed out %v, want 5 at once", got)
 	}
 }

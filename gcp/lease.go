@@ -79,7 +79,10 @@ type subRuntime struct {
 	recoverCap   time.Time
 	// lastFresh is the latest first delivery the engine brought per key (bounded; ordering.go
 	// checkKeyOrderLocked), orderWarnings how many times one came after a later one.
-	lastFresh     map[markKey]keyMark
+	lastFresh map[markKey]keyMark
+	// marksFrom: lastFresh holds every first delivery since (the runtime's start, or the
+	// last time lastFresh started over).
+	marksFrom     time.Time
 	chainWaits    int // how many times a key waited for a message KubeMQ handed out late
 	orderWarnings int
 	sentinel      <-chan struct{}                 // nil once back (or when no recovery ran)
@@ -104,7 +107,7 @@ type subRuntime struct {
 func newSubRuntime(s *Server, e *subEntry, h *delivery.Handle) *subRuntime {
 	label := s.m.sub(e.id)
 	r := &subRuntime{
-		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(), lastUsed: time.Now(),
+		s: s, id: e.id, uid: e.uid, h: h, start: time.Now(), marksFrom: time.Now(), lastUsed: time.Now(),
 		delivered:      s.m.delivered.WithLabelValues(label),
 		deliveredBytes: s.m.deliveredBytes.WithLabelValues(label),
 		acked:          s.m.acked.WithLabelValues(label),

@@ -295,20 +295,35 @@ func markKeyOf(key, id string) markKey {
 // out yet (keychain.go).
 const chainWait = 2 * time.Second
 
+// clockSkew is how far the clocks of the replica that published a message
+// and of the one that holds its subscription may differ for
+// awaitPrevLocked to judge by the message's publish time; a larger
+// difference can make a key wait chainWait for a message that went out
+// before this runtime began.
+const clockSkew = 2 * time.Second
+
 // awaitPrevLocked, for a fresh keyed lease l, holds its key back until the
 // message l's link names as its previous arrives, when this runtime has
-// seen earlier messages of the key from that process but not that one:
-// KubeMQ handed out a later send first (docs/kubemq.md 10.6). A runtime
-// that has seen nothing of the key from that process (it just started, or
-// took the subscription over) cannot tell, and waits for nothing.
+// not seen that one and should have: KubeMQ handed out a later send first
+// (docs/kubemq.md 10.6). It should have when it has seen earlier messages
+// of the key from that process, or, having seen none, when l was published
+// more than chainSpan plus clockSkew after the runtime began to see every
+// fresh message (marksFrom): the publisher names only a message stored
+// within chainSpan before (keychain.go), so that one was stored after this
+// runtime took the subscription and can have come through no other. A key
+// first seen sooner after a start or a takeover cannot tell, and waits for
+// nothing (what the recovery hold sorts is then its protection).
 func (r *subRuntime) awaitPrevLocked(l *lease, now time.Time) {
 	prev, id := l.d.Tags[TagPrevID], l.d.Tags[TagMessageID]
 	if !sameProcess(prev, id) {
 		return
 	}
 	last, ok := r.lastFresh[markKeyOf(l.key, id)]
-	if !ok || (msgOrder{id: last.id}).compare(msgOrder{id: prev}) >= 0 {
-		return // prev came already (or was never this runtime's to see)
+	switch {
+	case ok && (msgOrder{id: last.id}).compare(msgOrder{id: prev}) >= 0:
+		return // prev came already
+	case !ok && orderOf(l.d.Tags).t <= r.marksFrom.Add(chainSpan+clockSkew).UnixNano():
+		return // prev may have gone out before this runtime began
 	}
 	if ks := r.keys[l.key]; ks != nil && ks.holdsID(prev) {
 		return
@@ -380,6 +395,9 @@ func (r *subRuntime) checkKeyOrderLocked(l *lease) {
 		return
 	}
 	if r.lastFresh == nil || len(r.lastFresh) >= maxKeyMarks {
+		if r.lastFresh != nil {
+			r.marksFrom = time.Now() // what was seen before is forgotten
+		}
 		r.lastFresh = map[markKey]keyMark{}
 	}
 	r.lastFresh[mk] = keyMark{id: id, seq: l.d.Sequence}

@@ -119,7 +119,7 @@ func (s *Server) publish(ctx context.Context, t *topicEntry, msgs []*pubsubpb.Pu
 			}
 			tags := events[i].Tags
 			if key := m.GetOrderingKey(); ordered && key != "" {
-				l := s.chains.link(sub.queue, key, ids[i])
+				l := s.chains.link(sub.queue, key, ids[i], now)
 				links = append(links, l)
 				if l.prev != "" {
 					tags = withTag(tags, TagPrevID, l.prev)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,7 +30,11 @@ import (
 // FLEET_BENCH_MESSAGES sets the messages per measurement (default 10000); FLEET_BENCH_PROTO
 // (pubsub or amqp) measures one protocol only; FLEET_BENCH_FORWARD_ONLY=1 runs only the
 // forwarding measurement; FLEET_BENCH_PROFILE=DIR writes CPU profiles of the holder and the
-// forwarding replica, taken while the forwarded consumer drains, into DIR.
+// forwarding replica, taken while the forwarded consumer drains, into DIR. FLEET_BENCH_PIN=1
+// pins the forwarding measurement's processes (taskset, two processors or more): the holder,
+// the backend and this process (the clients) to processor 0 in both runs, the forwarding
+// replica to processor 1, so that the holder has the same processor time with and without
+// forwarding, as when the forwarding replica is another machine's (a pod elsewhere).
 func BenchmarkFleet(b *testing.B) {
 	n := 10000
 	if v := os.Getenv("FLEET_BENCH_MESSAGES"); v != "" {
@@ -192,6 +199,8 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		benchConsume(ctx, b, &wg, proto, on, target, l, gate, -1)
 		time.Sleep(2 * time.Second)
 		before := linkRequests(b, h)
+		unpin := f.pin(b, h, on)
+		callsBefore := scrape(b, h)
 		cpuHolder, cpuOn, cpuBackend := h.p.CPU(), on.p.CPU(), f.backendCPU()
 		start := time.Now()
 		close(gate)
@@ -206,6 +215,8 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		if f.backend != nil {
 			cpu[i].backend = perUS(f.backendCPU() - cpuBackend)
 		}
+		unpin()
+		b.Logf("%s run %d: the holder's KubeMQ calls per message: %s", proto, i, callsPerMsg(callsBefore, scrape(b, h), n-1))
 		profiled()
 		if i == 1 {
 			perMsg = (linkRequests(b, h) - before) / float64(n-1)
@@ -225,12 +236,71 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 	return own, fwd, perMsg, cpu
 }
 
+// pin applies FLEET_BENCH_PIN (see BenchmarkFleet) to one forwarding run: holder h, the backend
+// and this process on processor 0, on (when not h) on processor 1. The returned func gives every
+// process all processors again.
+func (f *fleet) pin(b *testing.B, h, on *replica) func() {
+	if os.Getenv("FLEET_BENCH_PIN") != "1" {
+		return func() {}
+	}
+	cpus := runtime.NumCPU()
+	if cpus < 2 {
+		b.Fatal("FLEET_BENCH_PIN needs two processors or more")
+	}
+	pids := []int{os.Getpid(), h.p.Pid()}
+	if f.backend != nil {
+		pids = append(pids, f.backend.Pid())
+	}
+	set := func(pid int, list string) {
+		// -a: every thread of the process (threads started later inherit it).
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", list, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			b.Fatalf("taskset %s %d: %v: %s", list, pid, err, out)
+		}
+	}
+	for _, pid := range pids {
+		set(pid, "0")
+	}
+	if on != h {
+		set(on.p.Pid(), "1")
+		pids = append(pids, on.p.Pid())
+	}
+	return func() {
+		for _, pid := range pids {
+			set(pid, fmt.Sprintf("0-%d", cpus-1))
+		}
+	}
+}
+
 // backendCPU is the embedded backend process's processor time so far; 0 on an external KubeMQ.
 func (f *fleet) backendCPU() time.Duration {
 	if f.backend == nil {
 		return 0
 	}
 	return f.backend.CPU()
+}
+
+func scrape(b *testing.B, r *replica) proctest.Metrics {
+	m, err := proctest.Scrape(r.addr("http"))
+	if err != nil {
+		b.Fatalf("%s: %v", r.name, err)
+	}
+	return m
+}
+
+// callsPerMsg describes the KubeMQ calls a replica made between two scrapes, per message, by
+// operation (kubemq_proxy_backend_call_seconds_count).
+func callsPerMsg(before, after proctest.Metrics, n int) string {
+	const prefix = "kubemq_proxy_backend_call_seconds_count{"
+	var parts []string
+	for series, v := range after {
+		if strings.HasPrefix(series, prefix) {
+			if d := v - before[series]; d > 0 {
+				parts = append(parts, fmt.Sprintf("%s %.4f", strings.TrimSuffix(strings.TrimPrefix(series, prefix), "}"), d/float64(n)))
+			}
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
 }
 
 // linkRequests is the credit and settle requests r received from other replicas' AMQP links.

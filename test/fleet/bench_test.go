@@ -200,7 +200,7 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		time.Sleep(2 * time.Second)
 		before := linkRequests(b, h)
 		unpin := f.pin(b, h, on)
-		callsBefore := scrape(b, h)
+		callsBefore, onBefore := scrape(b, h), scrape(b, on)
 		cpuHolder, cpuOn, cpuBackend := h.p.CPU(), on.p.CPU(), f.backendCPU()
 		start := time.Now()
 		close(gate)
@@ -217,6 +217,9 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		}
 		unpin()
 		b.Logf("%s run %d: the holder's KubeMQ calls per message: %s", proto, i, callsPerMsg(callsBefore, scrape(b, h), n-1))
+		if on != h {
+			b.Logf("%s run %d: the forwarding replica's KubeMQ calls per message: %s", proto, i, callsPerMsg(onBefore, scrape(b, on), n-1))
+		}
 		profiled()
 		if i == 1 {
 			perMsg = (linkRequests(b, h) - before) / float64(n-1)

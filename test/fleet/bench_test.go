@@ -30,7 +30,8 @@ import (
 // FLEET_BENCH_MESSAGES sets the messages per measurement (default 10000); FLEET_BENCH_PROTO
 // (pubsub or amqp) measures one protocol only; FLEET_BENCH_FORWARD_ONLY=1 runs only the
 // forwarding measurement; FLEET_BENCH_PROFILE=DIR writes CPU profiles of the holder and the
-// forwarding replica, taken while the forwarded consumer drains, into DIR. FLEET_BENCH_PIN=1
+// forwarding replica, taken while the forwarded consumer drains, into DIR (for
+// FLEET_BENCH_PROFILE_SECONDS, default 2). FLEET_BENCH_PIN=1
 // pins the forwarding measurement's processes (taskset, two processors or more): the holder,
 // the backend and this process (the clients) to processor 0 in both runs, the forwarding
 // replica to processor 1, so that the holder has the same processor time with and without
@@ -491,6 +492,10 @@ func profileDuring(b *testing.B, proto string, run int, rs []*replica) func() {
 	if dir == "" {
 		return func() {}
 	}
+	secs := "2"
+	if v := os.Getenv("FLEET_BENCH_PROFILE_SECONDS"); v != "" {
+		secs = v
+	}
 	var wg sync.WaitGroup
 	for k, r := range rs {
 		if run == 0 && k > 0 {
@@ -499,7 +504,7 @@ func profileDuring(b *testing.B, proto string, run int, rs []*replica) func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body, err := proctest.Get("http://" + r.addr("http") + "/debug/pprof/profile?seconds=2")
+			body, err := proctest.Get("http://" + r.addr("http") + "/debug/pprof/profile?seconds="+secs)
 			if err != nil {
 				b.Errorf("profile of %s: %v", r.name, err)
 				return

@@ -504,7 +504,7 @@ func profileDuring(b *testing.B, proto string, run int, rs []*replica) func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body, err := proctest.Get("http://" + r.addr("http") + "/debug/pprof/profile?seconds="+secs)
+			body, err := proctest.Get("http://" + r.addr("http") + "/debug/pprof/profile?seconds=" + secs)
 			if err != nil {
 				b.Errorf("profile of %s: %v", r.name, err)
 				return

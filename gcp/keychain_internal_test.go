@@ -124,31 +124,10 @@ func TestPublishLinksOrderedCopies(t *testing.T) {
 // runtime that has seen nothing of a key from that process waits for
 // nothing.
 func TestKeyWaitsForLinkedMessage(t *testing.T) {
-	e := newRTEnv(t, Config{})
-	e.createTopic("t")
-	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t")})
-	se, _ := e.s.cat.sub("sub-s")
-	g := newIDGen()
-	published := formatPublishTime(time.Now())
-	n := 0
-	msg := func(key, id, prev string, i int) *delivery.Delivery {
-		n++
-		tags := map[string]string{TagMessageID: id, TagPublishTime: published, TagOrderingKey: key, "i": strconv.Itoa(i)}
-		if prev != "" {
-			tags[TagPrevID] = prev
-		}
-		return &delivery.Delivery{LeaseID: "test-lease-" + strconv.Itoa(n), Attempt: 1, MessageID: id, Body: []byte("m"), Tags: tags, Sequence: uint64(n)}
-	}
-	f := newFlow(1000, 0)
-	accept := func(ds ...*delivery.Delivery) []int {
-		rt.mu.Lock()
-		defer rt.mu.Unlock()
-		return nums(rt.acceptLocked(se, ds, f, time.Minute))
-	}
-	ids := make([]string, 8)
-	for i := range ids {
-		ids[i] = g.next()
-	}
+	e, rt, f, ids := newChainFixture(t, 8)
+	now := time.Now()
+	msg := func(key, id, prev string, i int) *delivery.Delivery { return f.msg(key, id, prev, i, now) }
+	accept := f.accept
 	if got := accept(msg("k", ids[0], "", 0)); !slices.Equal(got, []int{0}) {
 		t.Fatalf("first message: handed out %v", got)
 	}
@@ -158,7 +137,7 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	if got := accept(msg("k", ids[1], ids[0], 1), msg("k", ids[2], ids[1], 2)); len(got) != 0 {
 		t.Fatalf("1 and 2 went out ahead of the pending ones: %v", got)
 	}
-	if got := nums(e.take(rt, f, 4)); !slices.Equal(got, []int{1, 2, 3, 4}) {
+	if got := nums(e.take(rt, f.flow, 4)); !slices.Equal(got, []int{1, 2, 3, 4}) {
 		t.Fatalf("the key went out as %v, want 1 2 3 4", got)
 	}
 	// 5 never comes: 6 waits for it at most chainWait.
@@ -166,7 +145,7 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 	if got := accept(msg("k", ids[6], ids[5], 6)); len(got) != 0 {
 		t.Fatalf("6 handed out at once although 5 did not come: %v", got)
 	}
-	if got := nums(e.take(rt, f, 1)); !slices.Equal(got, []int{6}) {
+	if got := nums(e.take(rt, f.flow, 1)); !slices.Equal(got, []int{6}) {
 		t.Fatalf("got %v, want 6", got)
 	}
 	if waited := time.Since(start); waited < chainWait-100*time.Millisecond || waited > chainWait+3*time.Second {
@@ -184,30 +163,8 @@ func TestKeyWaitsForLinkedMessage(t *testing.T) {
 // must come here (KubeMQ made it visible late). A copy published sooner after the start, or
 // after the runtime's marks started over, names one that may have gone out before: no wait.
 func TestKeyFirstSeenWaitsForLinkedMessage(t *testing.T) {
-	e := newRTEnv(t, Config{})
-	e.createTopic("t")
-	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t")})
-	se, _ := e.s.cat.sub("sub-s")
-	g := newIDGen()
-	n := 0
-	msg := func(key, id, prev string, i int, published time.Time) *delivery.Delivery {
-		n++
-		tags := map[string]string{TagMessageID: id, TagPublishTime: formatPublishTime(published), TagOrderingKey: key, "i": strconv.Itoa(i)}
-		if prev != "" {
-			tags[TagPrevID] = prev
-		}
-		return &delivery.Delivery{LeaseID: "test-lease-" + strconv.Itoa(n), Attempt: 1, MessageID: id, Body: []byte("m"), Tags: tags, Sequence: uint64(n)}
-	}
-	f := newFlow(1000, 0)
-	accept := func(ds ...*delivery.Delivery) []int {
-		rt.mu.Lock()
-		defer rt.mu.Unlock()
-		return nums(rt.acceptLocked(se, ds, f, time.Minute))
-	}
-	ids := make([]string, 6)
-	for i := range ids {
-		ids[i] = g.next()
-	}
+	e, rt, fx, ids := newChainFixture(t, 6)
+	msg, accept, f := fx.msg, fx.accept, fx.flow
 	now := time.Now()
 	// Just started: a key first seen with a link goes out at once.
 	if got := accept(msg("fresh", ids[1], ids[0], 1, now)); !slices.Equal(got, []int{1}) {
@@ -231,4 +188,45 @@ func TestKeyFirstSeenWaitsForLinkedMessage(t *testing.T) {
 	if got := accept(msg("k2", ids[5], ids[4], 5, now.Add(-2*time.Second))); !slices.Equal(got, []int{5}) {
 		t.Fatalf("published before the runtime saw everything: handed out %v, want 5 at once", got)
 	}
+}
+
+// chainFixture feeds an ordered subscription's runtime fresh deliveries of keyed messages, as
+// the lease engine would.
+type chainFixture struct {
+	rt   *subRuntime
+	se   *subEntry
+	flow *flow
+	n    int
+}
+
+// newChainFixture is a runtime of a new subscription "s" of topic "t" and n message ids of one
+// publishing process, in publish order.
+func newChainFixture(t *testing.T, n int) (*rtEnv, *subRuntime, *chainFixture, []string) {
+	e := newRTEnv(t, Config{})
+	e.createTopic("t")
+	rt := e.createSub(&pubsubpb.Subscription{Name: e.sub("s"), Topic: e.topic("t")})
+	se, _ := e.s.cat.sub("sub-s")
+	g := newIDGen()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = g.next()
+	}
+	return e, rt, &chainFixture{rt: rt, se: se, flow: newFlow(1000, 0)}, ids
+}
+
+// msg is message id of key (attribute i), naming prev as its previous one unless "".
+func (f *chainFixture) msg(key, id, prev string, i int, published time.Time) *delivery.Delivery {
+	f.n++
+	tags := map[string]string{TagMessageID: id, TagPublishTime: formatPublishTime(published), TagOrderingKey: key, "i": strconv.Itoa(i)}
+	if prev != "" {
+		tags[TagPrevID] = prev
+	}
+	return &delivery.Delivery{LeaseID: "test-lease-" + strconv.Itoa(f.n), Attempt: 1, MessageID: id, Body: []byte("m"), Tags: tags, Sequence: uint64(f.n)}
+}
+
+// accept hands ds to the runtime and returns the numbers of those it handed out at once.
+func (f *chainFixture) accept(ds ...*delivery.Delivery) []int {
+	f.rt.mu.Lock()
+	defer f.rt.mu.Unlock()
+	return nums(f.rt.acceptLocked(f.se, ds, f.flow, time.Minute))
 }

@@ -78,6 +78,11 @@ func (t *topology) sweepOrphans(fu fleetUses) {
 	prev := sw.orphans
 	sw.orphans = orphaned
 	sw.mu.Unlock()
+	for ch := range orphaned {
+		if !prev[ch] {
+			t.log.Info("an auto-delete queue's consumers ended with a replica that died; deleted at the next sweep if still so", zap.String("channel", ch))
+		}
+	}
 	if len(orphaned) == 0 {
 		return
 	}

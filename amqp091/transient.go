@@ -71,6 +71,7 @@ type sweeper struct {
 	seen    map[string]time.Time // replica id -> last time it was alive
 	exOwned map[string]bool      // record keys of exchanges declared (or taken over) by this process
 	orphans map[string]bool      // the channels Fleet.Orphaned named at the last sweep (orphans.go)
+	leading bool                 // this replica swept as the fleet's lowest at the last sweep
 }
 
 // sharesTransient reports whether non-durable topology is written to the
@@ -126,6 +127,14 @@ func (t *topology) sweep(now time.Time) {
 	slices.Sort(alive)
 	leader := len(alive) > 0 && alive[0] == self
 	alone := len(alive) == 1 && alive[0] == self
+	if leader != sw.leading {
+		sw.leading = leader
+		if leader {
+			t.log.Info("this replica sweeps the fleet's gone topology now (the lowest live replica id)", zap.Strings("alive", alive))
+		} else {
+			t.log.Info("another replica sweeps the fleet's gone topology now", zap.Strings("alive", alive))
+		}
+	}
 	// gone: the replica has been out of the fleet for grace; saw: it was
 	// alive while this one watched.
 	state := func(id string) (gone, saw bool) {

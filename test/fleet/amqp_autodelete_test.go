@@ -71,6 +71,11 @@ func TestAMQPFleetAutoDeleteHolderKilled(t *testing.T) {
 	r0.p.Kill()
 	time.Sleep(time.Second)
 	r0.start()
+	defer func() {
+		if t.Failed() {
+			t.Logf("the sweeper's view, from every log:%s", f.grepLogs("sweeps the fleet", "auto-delete queue", "ownership log"))
+		}
+	}()
 
 	waitQueue(t, f.replicas, own, false)
 	gone := time.Since(killed)

@@ -263,6 +263,23 @@ func (f *fleet) storedTwice() int {
 	return n
 }
 
+// grepLogs returns, after a newline each, the lines of every process's log that contain one
+// of the patterns, prefixed by the process's name (a failure's diagnostic).
+func (f *fleet) grepLogs(patterns ...string) string {
+	var b strings.Builder
+	for _, p := range f.procs {
+		for _, line := range logLines(p) {
+			for _, pat := range patterns {
+				if strings.Contains(line, pat) {
+					b.WriteString("\n" + p.Name() + ": " + line)
+					break
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
 // logLines returns the lines of p's log so far (none when it cannot be read).
 func logLines(p *proctest.Proc) []string {
 	b, err := os.ReadFile(p.LogPath())

@@ -100,11 +100,7 @@ func BenchmarkFleet(b *testing.B) {
 func (f *fleet) memory(b *testing.B) (peak, heap float64) {
 	for _, r := range f.replicas {
 		peak = max(peak, r.p.PeakRSS())
-		m, err := proctest.Scrape(r.addr("http"))
-		if err != nil {
-			b.Fatalf("%s: %v", r.name, err)
-		}
-		heap = max(heap, m.Heap())
+		heap = max(heap, scrape(b, r).Heap())
 	}
 	return peak, heap
 }
@@ -283,6 +279,7 @@ func (f *fleet) backendCPU() time.Duration {
 	return f.backend.CPU()
 }
 
+// scrape reads r's metrics, failing b when it cannot.
 func scrape(b *testing.B, r *replica) proctest.Metrics {
 	m, err := proctest.Scrape(r.addr("http"))
 	if err != nil {
@@ -309,10 +306,7 @@ func callsPerMsg(before, after proctest.Metrics, n int) string {
 
 // linkRequests is the credit and settle requests r received from other replicas' AMQP links.
 func linkRequests(b *testing.B, r *replica) float64 {
-	m, err := proctest.Scrape(r.addr("http"))
-	if err != nil {
-		b.Fatalf("%s: %v", r.name, err)
-	}
+	m := scrape(b, r)
 	const name = "kubemq_proxy_amqp_peer_link_requests_total"
 	return m[name+`{kind="credit"}`] + m[name+`{kind="settle"}`]
 }

@@ -249,11 +249,12 @@ func TestEmbeddedModeServesKubeMQ(t *testing.T) {
 		t.Fatalf("embedded mode never reported its listeners: %v", err)
 	}
 	defer p.Kill()
-	// The side port: liveness, readiness (the server answers its health ping) and metrics.
+	// The side port: liveness, readiness (the server answers its health ping), metrics and
+	// Go's profiles (loopback here).
 	if err := proctest.WaitReady(p.Addr("http"), 30*time.Second); err != nil {
 		t.Fatalf("embedded mode /readyz: %v", err)
 	}
-	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "kubemq_proxy_ready 1"} {
+	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "kubemq_proxy_ready 1", "/debug/pprof/": "goroutine"} {
 		resp, err := http.Get("http://" + p.Addr("http") + path)
 		if err != nil {
 			t.Fatal(err)

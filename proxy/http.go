@@ -26,11 +26,7 @@ func (p *Proxy) httpHandler() http.Handler {
 		// zap's level handler: GET reports, PUT {"level":"debug"} changes it.
 		mux.Handle("/loglevel", p.admin(jsonLevel(p.logLevel)))
 	}
-	// Go's profiles (heap, goroutines, CPU) for diagnosing memory and CPU in place; admin
-	// only: a profile shows the process's internals, and a CPU profile costs CPU while it runs.
-	mux.Handle("GET /debug/pprof/", p.admin(http.HandlerFunc(pprof.Index)))
-	mux.Handle("GET /debug/pprof/profile", p.admin(http.HandlerFunc(pprof.Profile)))
-	mux.Handle("GET /debug/pprof/trace", p.admin(http.HandlerFunc(pprof.Trace)))
+	profileHandlers(mux, p.admin)
 	// The web console (/console/, and / redirects to it), behind the same admin guard.
 	console.Register(mux, console.Options{Guard: p.admin, Backend: p.consoleBackend, Leases: p.leaseStats,
 		Frontends: p.frontendList, Metrics: p.metrics, Client: p.client, Ready: p.Ready})
@@ -84,11 +80,15 @@ func jsonLevel(h http.Handler) http.Handler {
 // admin guards the inspecting and mutating endpoints: a loopback peer, or any peer that sends
 // the admin token (http.admin_token) as "Authorization: Bearer TOKEN", gets through; others get
 // 403 (no token configured) or 401.
-func (p *Proxy) admin(h http.Handler) http.Handler {
+func (p *Proxy) admin(h http.Handler) http.Handler { return adminGuard(p.adminToken, h) }
+
+// adminGuard serves h to loopback peers and to peers that send token as a
+// bearer token ("" = loopback only).
+func adminGuard(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if tok := p.adminToken; tok != "" {
+		if token != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if ok && subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1 {
+			if ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
 				h.ServeHTTP(w, r)
 				return
 			}
@@ -99,13 +99,22 @@ func (p *Proxy) admin(h http.Handler) http.Handler {
 				return
 			}
 		}
-		if p.adminToken != "" {
+		if token != "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kubemq-proxy"`)
 			http.Error(w, "admin token required (Authorization: Bearer TOKEN)", http.StatusUnauthorized)
 			return
 		}
 		http.Error(w, "only loopback peers may use this endpoint; set http.admin_token to open it to others", http.StatusForbidden)
 	})
+}
+
+// profileHandlers adds Go's profiles (heap, goroutines, CPU) to mux behind
+// guard, for diagnosing memory and CPU in place: a profile shows the
+// process's internals, and a CPU profile costs CPU while it runs.
+func profileHandlers(mux *http.ServeMux, guard func(http.Handler) http.Handler) {
+	mux.Handle("GET /debug/pprof/", guard(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/profile", guard(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/trace", guard(http.HandlerFunc(pprof.Trace)))
 }
 
 // Stater is implemented by front-ends that can describe their live state

@@ -38,7 +38,8 @@ func healthHandlers(mux *http.ServeMux, reg *prometheus.Registry, ready func() e
 }
 
 // EmbeddedSidePort is the HTTP side port of `kubemq-proxy embedded` (the
-// backend alone): /healthz, /readyz and /metrics on http.listen. Readiness
+// backend alone): /healthz, /readyz, /metrics and Go's profiles
+// (/debug/pprof/, admin only as on the proxy's side port) on http.listen. Readiness
 // is the server answering its own health ping in memory (the proxy's
 // client with kubemq.outage_detection's schedule), so a wedged store shows
 // as 503 as a frozen process does to its clients.
@@ -83,6 +84,7 @@ func StartEmbeddedSidePort(cfg Config, srv *embedded.Server, log *zap.Logger) (*
 	}))
 	mux := http.NewServeMux()
 	healthHandlers(mux, reg, sp.ready)
+	profileHandlers(mux, func(h http.Handler) http.Handler { return adminGuard(cfg.HTTP.AdminToken, h) })
 	sp.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("listening", zap.String("listener", "http"), zap.String("address", lis.Addr().String()))
 	go func() {

@@ -62,7 +62,7 @@ func newSimCluster(id string, opts Options) *Cluster {
 	opts.ReplicaID = id
 	return &Cluster{
 		opts: opts, log: zap.NewNop(),
-		holders: map[string]*holding{}, maybe: map[string]unknownClaim{}, members: map[string]*member{}, owned: map[string]*Ownership{},
+		holders: map[string]*holding{}, maybe: map[string]unknownClaim{}, elsewhere: map[string]time.Time{}, members: map[string]*member{}, owned: map[string]*Ownership{},
 		sent: map[uint64]time.Time{}, pending: map[uint64]chan claimResult{}, claiming: map[string]chan struct{}{},
 		readyCh: make(chan struct{}),
 	}

@@ -163,6 +163,16 @@ type Ownership struct {
 // Queue is the owned queue.
 func (o *Ownership) Queue() string { return o.queue }
 
+// HeldElsewhereSince reports whether another process (another replica, or an earlier process of
+// this one) held the queue after t, a local time since this view opened, as far as the log told:
+// it reports a holding read after t whatever its age, so it may say so needlessly, and never
+// misses a holding that lasted past t.
+func (o *Ownership) HeldElsewhereSince(t time.Time) bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	return o.c.elsewhere[o.queue].After(t)
+}
+
 // Lost is closed when the holding must no longer be used: its renewal could not be confirmed in
 // time, or it was released.
 func (o *Ownership) Lost() <-chan struct{} { return o.lost }
@@ -201,8 +211,11 @@ type Cluster struct {
 	// maybe blocks claims of a queue: a claim was read whose outcome this view cannot know (it
 	// came too early in the view's window, or was blocked itself), and if it was accepted its
 	// holder may not have heartbeated yet.
-	maybe   map[string]unknownClaim
-	members map[string]*member
+	maybe map[string]unknownClaim
+	// elsewhere is, per queue, the local time this view last read that another process (another
+	// replica, or an earlier process of this one) held it (HeldElsewhereSince).
+	elsewhere map[string]time.Time
+	members   map[string]*member
 	// orphans are the queues a replica's earlier process consumed when it was heard under a
 	// new one (it restarted without a clean stop), with the log time of that.
 	orphans      map[string]orphan
@@ -246,19 +259,20 @@ func Open(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		opts:     opts,
-		log:      opts.Logger.Named("cluster").With(zap.String("replica", opts.ReplicaID)),
-		holders:  map[string]*holding{},
-		maybe:    map[string]unknownClaim{},
-		members:  map[string]*member{},
-		orphans:  map[string]orphan{},
-		inc:      randomID(),
-		kick:     make(chan struct{}, 1),
-		owned:    map[string]*Ownership{},
-		sent:     map[uint64]time.Time{},
-		pending:  map[uint64]chan claimResult{},
-		claiming: map[string]chan struct{}{},
-		readyCh:  make(chan struct{}),
+		opts:      opts,
+		log:       opts.Logger.Named("cluster").With(zap.String("replica", opts.ReplicaID)),
+		holders:   map[string]*holding{},
+		maybe:     map[string]unknownClaim{},
+		elsewhere: map[string]time.Time{},
+		members:   map[string]*member{},
+		orphans:   map[string]orphan{},
+		inc:       randomID(),
+		kick:      make(chan struct{}, 1),
+		owned:     map[string]*Ownership{},
+		sent:      map[uint64]time.Time{},
+		pending:   map[uint64]chan claimResult{},
+		claiming:  map[string]chan struct{}{},
+		readyCh:   make(chan struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.wg.Add(3)
@@ -840,6 +854,9 @@ func (c *Cluster) resetLocked() {
 // applyLocked applies one event in log order.
 func (c *Cluster) applyLocked(seq uint64, ts time.Time, ev *logEvent) {
 	self := ev.Replica == c.opts.ReplicaID
+	// other: a holding this event shows is another process's, this replica's earlier ones
+	// included.
+	other := !self || (ev.Inc != "" && ev.Inc != c.inc)
 	if ev.Replica != "" {
 		m := c.members[ev.Replica]
 		if m == nil {
@@ -888,6 +905,9 @@ func (c *Cluster) applyLocked(seq uint64, ts time.Time, ev *logEvent) {
 			}
 		case h == nil || ts.Sub(h.last) > c.opts.Lease:
 			c.holders[ev.Queue] = &holding{replica: ev.Replica, claim: seq, last: ts}
+			if other {
+				c.elsewhere[ev.Queue] = time.Now()
+			}
 			r = claimResult{accepted: true, seq: seq}
 			if self {
 				c.ownLocked(ev.Queue, seq, ev.N)
@@ -921,6 +941,9 @@ func (c *Cluster) applyLocked(seq uint64, ts time.Time, ev *logEvent) {
 				h.last = ts
 			default:
 				continue // a holding that a later claim replaced
+			}
+			if other {
+				c.elsewhere[hd.Queue] = time.Now()
 			}
 			if self {
 				c.renewLocked(hd.Queue, hd.Claim, ev.N)

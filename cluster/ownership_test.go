@@ -186,6 +186,51 @@ func TestReleaseHandsOverAtOnce(t *testing.T) {
 	}
 }
 
+// HeldElsewhereSince tells a new owner whether another replica held the queue after a time: after
+// a handover yes, for a queue only it ever held no, and for a time after the other's holding no.
+func TestHeldElsewhereSince(t *testing.T) {
+	e := newTestEnv(t)
+	a, b := e.replica("a"), e.replica("b")
+	q, mine := "clustertest.elsewhere."+randomID(), "clustertest.mine."+randomID()
+	start := time.Now()
+	ob, err := claim(t, b, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOwner(t, q, a, b)
+	if err := ob.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var oa *Ownership
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if oa, err = claim(t, a, q); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a cannot claim %s after b released it: %v", q, err)
+		}
+	}
+	afterB := time.Now()
+	if !oa.HeldElsewhereSince(start) {
+		t.Fatal("a's holding does not say that b held the queue since before b's claim")
+	}
+	if oa.HeldElsewhereSince(afterB) {
+		t.Fatal("a's holding says another replica held the queue after a took it")
+	}
+	om, err := claim(t, a, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOwner(t, mine, a, b)
+	time.Sleep(3 * a.opts.Heartbeat) // a's own heartbeats naming it are read back
+	if om.HeldElsewhereSince(start) {
+		t.Fatal("a queue only a held is said to have been held elsewhere")
+	}
+	if ob2, err := claim(t, b, mine); err == nil {
+		t.Fatalf("b claimed %s, which a holds: %v", mine, ob2.Queue())
+	}
+}
+
 // A replica that dies holding a queue (no release, no more heartbeats) loses it a lease after its
 // last heartbeat, not before.
 func TestTakeoverAfterALease(t *testing.T) {

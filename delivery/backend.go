@@ -80,6 +80,13 @@ type Owned interface {
 	Release(ctx context.Context) error
 }
 
+// HeldElsewhere is an optional interface of Owned (cluster.Ownership has it).
+type HeldElsewhere interface {
+	// HeldElsewhereSince reports whether another process held the queue after t (a local time
+	// since this process started). It may say so needlessly; it never misses a holding.
+	HeldElsewhereSince(t time.Time) bool
+}
+
 // StateNotifier is an optional Backend interface. A Backend that can tell when KubeMQ becomes
 // unreachable lets the Manager drop every Consumer's leases at once, idle Consumers included (an
 // idle Consumer's poll loop would otherwise notice the outage only at its next Get, after the

@@ -468,6 +468,14 @@ type Handle struct {
 // Consumer returns the shared Consumer.
 func (h *Handle) Consumer() *Consumer { return h.c }
 
+// HeldElsewhereSince reports whether another process consumed the queue after t (a local time
+// since this process started), as the Manager's Owners can tell (HeldElsewhere); false without
+// Owners, or with Owners that cannot tell. It may say so needlessly, never miss one.
+func (h *Handle) HeldElsewhereSince(t time.Time) bool {
+	x, ok := h.e.own.(HeldElsewhere)
+	return ok && x.HeldElsewhereSince(t)
+}
+
 // Gone returns a channel closed once the Consumer h shares is closed and forgotten: the queue
 // is no longer consumed here through it (its last Handle closed and its leases settled, or its
 // holding lost). A later Acquire starts another Consumer, with another Gone.

@@ -37,7 +37,9 @@ type rtEnv struct {
 	ctx context.Context
 }
 
-func newRTEnv(t *testing.T, cfg Config) *rtEnv {
+// newRTEnv is a Server on $KUBEMQ_ADDRESS or a strict embedded server; mods may change its
+// Options (Client is set).
+func newRTEnv(t *testing.T, cfg Config, mods ...func(*Options)) *rtEnv {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
@@ -72,7 +74,11 @@ func newRTEnv(t *testing.T, cfg Config) *rtEnv {
 	if err := reg.WaitReplayed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{Client: kc, Registry: reg, Logger: log.Named("gcp"), Config: cfg})
+	o := Options{Client: kc, Registry: reg, Logger: log.Named("gcp"), Config: cfg}
+	for _, f := range mods {
+		f(&o)
+	}
+	s, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

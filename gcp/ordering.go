@@ -20,7 +20,9 @@ import (
 // runtime may already have fetched. Two measures keep a key in order:
 //
 //   - A recovery hold: a runtime that starts on a subscription created
-//     before this process, or that lost its leases, holds every keyed
+//     before this process, or that another replica consumed since this
+//     process created or last recovered it (delivery.Handle.
+//     HeldElsewhereSince), or that lost its leases, holds every keyed
 //     message until every lease record written before has come back at
 //     least once, so that the engine has reported what it carries. It
 //     stores a sentinel record (delivery.Handle.Sentinel) with the

@@ -75,10 +75,11 @@ func (s *Server) runtimeLocked(ctx context.Context, e *subEntry) (*subRuntime, e
 	r := newSubRuntime(s, e, h)
 	if r.ordered {
 		h.OnUnsettled(r.unsettled)
-		if _, done := s.noRecovery.Load(e.uid); !done {
+		if at, done := s.noRecovery.Load(e.uid); !done || h.HeldElsewhereSince(at.(time.Time)) {
 			// Created before this process started (and not yet recovered
-			// by an earlier runtime here): lease records of an earlier
-			// process may still be on their way back.
+			// by an earlier runtime here), or consumed by another replica
+			// since: lease records of another process may still be on
+			// their way back.
 			r.mu.Lock()
 			r.beginRecoveryLocked(time.Now())
 			r.mu.Unlock()
@@ -135,7 +136,7 @@ func (s *Server) retireIdle(r *subRuntime, now time.Time) {
 		return
 	}
 	if recovered {
-		s.noRecovery.Store(r.uid, struct{}{})
+		s.noRecovery.Store(r.uid, now)
 	}
 	delete(s.runtimes, r.id)
 	s.endRuntimeLocked(r, false)

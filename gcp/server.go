@@ -149,7 +149,7 @@ type Server struct {
 	peers         Peers                                                        // nil: one replica (forward.go)
 	backlog       func(ctx context.Context) (*kubemqclient.QueuesIndex, error) // see core
 	rtMu          sync.Mutex                                                   // guards runtimes, rtClosed, seeking, capturing
-	noRecovery    sync.Map                                                     // uid -> struct{}: needs no ordering recovery hold here (created by this process, or recovered by an earlier runtime; ordering.go)
+	noRecovery    sync.Map                                                     // uid -> time.Time: needs no ordering recovery hold here unless another process consumed it since (created by this process, or recovered by an earlier runtime, then; ordering.go)
 	runtimes      map[string]*subRuntime
 	rtClosed      bool
 	seeking       map[string]chan struct{} // subscription id -> closed when its seek ends (seek.go)

@@ -3,6 +3,7 @@ package gcp
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -175,7 +176,7 @@ func (p *subscriber) CreateSubscription(ctx context.Context, req *pubsubpb.Subsc
 	if e.queue, err = s.newSubQueue(ctx, sn.ID, e.uid); err != nil {
 		return nil, toStatus(err)
 	}
-	s.noRecovery.Store(e.uid, struct{}{})
+	s.noRecovery.Store(e.uid, time.Now())
 	return s.storeSub(ctx, e, sn.Project)
 }
 

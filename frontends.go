@@ -53,7 +53,8 @@ func frontends() []proxy.FrontendFactory {
 				}
 				return []string{c.AMQP.Listen, tlsAddr}
 			},
-			TLS: func(c *proxy.Config) []bool { return []bool{false, true} },
+			TLS:      func(c *proxy.Config) []bool { return []bool{false, true} },
+			PeerFast: amqp091.PeerFast(), // the link's deliveries
 			Management: func(c *proxy.Config) (string, string) {
 				return c.AMQP.ManagementListen, "amqp.management_listen"
 			},

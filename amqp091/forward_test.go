@@ -211,7 +211,7 @@ func startReplica(t *testing.T, base *env, id, clusterChan, secret string, opts 
 	if err != nil {
 		t.Fatal(err)
 	}
-	po := cluster.PeerOptions{Secret: secret}
+	po := cluster.PeerOptions{Secret: secret, Fast: PeerFast()} // as the proxy runs it
 	peerSrv, err := cluster.NewPeerServer(po, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/delivery"
 	"github.com/kubemq-io/kubemq-proxy/embedded"
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient"
+	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 	"github.com/kubemq-io/kubemq-proxy/registry"
 )
 
@@ -59,6 +60,10 @@ type FrontendFactory struct {
 	// Management is the listen address of the front-end's management HTTP API (the
 	// front-end implements ManagementAPI) and its configuration key; "" serves none.
 	Management func(cfg *Config) (addr, key string)
+	// PeerFast, if set, encodes or decodes some messages of the front-end's peer service
+	// without protobuf reflection (the peer port's codec tries it first; see
+	// cluster.PeerOptions.Fast).
+	PeerFast *wirecodec.Fast
 }
 
 // ManagementAPI is implemented by front-ends that serve an HTTP management API of their
@@ -334,7 +339,7 @@ func (p *Proxy) Start(ctx context.Context, factories []FrontendFactory) (err err
 	}
 
 	var deps Deps
-	if err := p.startCluster(&deps); err != nil {
+	if err := p.startCluster(&deps, factories); err != nil {
 		return err
 	}
 	p.deliveries, err = delivery.NewManager(delivery.NewKubeMQBackend(p.client), delivery.Options{
@@ -693,7 +698,7 @@ func loadPool(path string) (*x509.CertPool, error) {
 
 // startCluster opens the ownership and acknowledgement logs, and the peer port and the peer
 // connections when a secret is configured.
-func (p *Proxy) startCluster(deps *Deps) error {
+func (p *Proxy) startCluster(deps *Deps, factories []FrontendFactory) error {
 	cc := p.cfg.Cluster
 	secret := cc.Secret
 	if cc.SecretFile != "" {
@@ -719,7 +724,7 @@ func (p *Proxy) startCluster(deps *Deps) error {
 		serverTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
 		clientTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}
 	}
-	po := cluster.PeerOptions{Secret: secret, ServerTLS: serverTLS, ClientTLS: clientTLS}
+	po := cluster.PeerOptions{Secret: secret, ServerTLS: serverTLS, ClientTLS: clientTLS, Fast: peerFast(factories)}
 	bound := ""
 	if cc.Listen != "" {
 		lis, err := Listen("cluster.listen", cc.Listen)
@@ -798,4 +803,47 @@ func (p *Proxy) startCluster(deps *Deps) error {
 	deps.Fleet = &Fleet{c: c}
 	p.log.Info("cluster", zap.String("replica", c.ID()), zap.String("advertise", advertise), zap.Bool("forwarding", secret != ""))
 	return nil
+}
+
+// peerFast combines the front-ends' PeerFast encoders and decoders (nil when none has any):
+// each is tried in turn.
+func peerFast(factories []FrontendFactory) *wirecodec.Fast {
+	var fs []*wirecodec.Fast
+	for _, f := range factories {
+		if f.PeerFast != nil {
+			fs = append(fs, f.PeerFast)
+		}
+	}
+	switch len(fs) {
+	case 0:
+		return nil
+	case 1:
+		return fs[0]
+	}
+	return &wirecodec.Fast{
+		Marshal: func(b []byte, v any) ([]byte, bool) {
+			for _, f := range fs {
+				if out, ok := f.Marshal(b, v); ok {
+					return out, true
+				}
+			}
+			return b, false
+		},
+		SizeHint: func(v any) int {
+			for _, f := range fs {
+				if n := f.SizeHint(v); n > 0 {
+					return n
+				}
+			}
+			return 0
+		},
+		Unmarshal: func(b []byte, v any) bool {
+			for _, f := range fs {
+				if f.Unmarshal(b, v) {
+					return true
+				}
+			}
+			return false
+		},
+	}
 }

@@ -49,40 +49,51 @@ func SizeHint(v any) int {
 	case *kubemqpb.QueueMessage:
 		return sizeQueueMessage(m)
 	case *kubemqpb.QueueMessagesBatchRequest:
-		return sizeStr(1, m.BatchID) + sizeQueueMessages(2, m.Messages)
+		return SizeStringField(1, m.BatchID) + sizeQueueMessages(2, m.Messages)
 	case *kubemqpb.QueuesDownstreamResponse:
 		return sizeDownstreamResponse(m)
 	}
 	return 0
 }
 
-func sizeStr(num protowire.Number, s string) int {
+// The field helpers below size and append one proto3 field as protobuf-go
+// does (a zero value omitted); other packages' hand-written encoders use
+// them too (amqp091's peer link).
+
+// SizeStringField is the encoded size of string field num (0 when empty).
+func SizeStringField(num protowire.Number, s string) int {
 	if s == "" {
 		return 0
 	}
 	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
 }
 
-func sizeBytes(num protowire.Number, b []byte) int {
+// SizeBytesField is the encoded size of bytes field num (0 when empty).
+func SizeBytesField(num protowire.Number, b []byte) int {
 	if len(b) == 0 {
 		return 0
 	}
 	return protowire.SizeTag(num) + protowire.SizeBytes(len(b))
 }
 
-func sizeVarint(num protowire.Number, v uint64) int {
+// SizeVarintField is the encoded size of varint field num (0 when v is).
+func SizeVarintField(num protowire.Number, v uint64) int {
 	if v == 0 {
 		return 0
 	}
 	return protowire.SizeTag(num) + protowire.SizeVarint(v)
 }
 
-func sizeMsg(num protowire.Number, n int) int { return protowire.SizeTag(num) + protowire.SizeBytes(n) }
+// SizeMessageField is the encoded size of message field num of n bytes.
+func SizeMessageField(num protowire.Number, n int) int {
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
 
-func sizeTags(num protowire.Number, tags map[string]string) int {
+// SizeTagsField is the encoded size of map<string, string> field num.
+func SizeTagsField(num protowire.Number, tags map[string]string) int {
 	n := 0
 	for k, v := range tags {
-		n += sizeMsg(num, mapEntrySize(k, v))
+		n += SizeMessageField(num, mapEntrySize(k, v))
 	}
 	return n
 }
@@ -92,7 +103,8 @@ func mapEntrySize(k, v string) int {
 	return protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
 }
 
-func appendStr(b []byte, num protowire.Number, s string) []byte {
+// AppendStringField appends string field num unless s is empty.
+func AppendStringField(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
@@ -100,7 +112,8 @@ func appendStr(b []byte, num protowire.Number, s string) []byte {
 	return protowire.AppendString(b, s)
 }
 
-func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
+// AppendBytesField appends bytes field num unless v is empty.
+func AppendBytesField(b []byte, num protowire.Number, v []byte) []byte {
 	if len(v) == 0 {
 		return b
 	}
@@ -108,7 +121,8 @@ func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
 	return protowire.AppendBytes(b, v)
 }
 
-func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
+// AppendVarintField appends varint field num unless v is 0.
+func AppendVarintField(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
@@ -116,14 +130,16 @@ func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	return protowire.AppendVarint(b, v)
 }
 
-func appendBool(b []byte, num protowire.Number, v bool) []byte {
+// AppendBoolField appends bool field num when v is true.
+func AppendBoolField(b []byte, num protowire.Number, v bool) []byte {
 	if !v {
 		return b
 	}
-	return appendVarint(b, num, 1)
+	return AppendVarintField(b, num, 1)
 }
 
-func appendTags(b []byte, num protowire.Number, tags map[string]string) []byte {
+// AppendTagsField appends map<string, string> field num, an entry per tag.
+func AppendTagsField(b []byte, num protowire.Number, tags map[string]string) []byte {
 	for k, v := range tags {
 		b = protowire.AppendTag(b, num, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(mapEntrySize(k, v)))
@@ -135,8 +151,8 @@ func appendTags(b []byte, num protowire.Number, tags map[string]string) []byte {
 	return b
 }
 
-// valid reports whether every string is UTF-8 (protobuf refuses others).
-func valid(ss ...string) bool {
+// ValidStrings reports whether every string is UTF-8 (protobuf refuses others).
+func ValidStrings(ss ...string) bool {
 	for _, s := range ss {
 		if !utf8.ValidString(s) {
 			return false
@@ -145,7 +161,8 @@ func valid(ss ...string) bool {
 	return true
 }
 
-func validTags(tags map[string]string) bool {
+// ValidTags reports whether every key and value of tags is UTF-8.
+func ValidTags(tags map[string]string) bool {
 	for k, v := range tags {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return false
@@ -155,8 +172,8 @@ func validTags(tags map[string]string) bool {
 }
 
 func sizeEvent(m *kubemqpb.Event) int {
-	n := sizeStr(1, m.EventID) + sizeStr(2, m.ClientID) + sizeStr(3, m.Channel) + sizeStr(4, m.Metadata) +
-		sizeBytes(5, m.Body) + sizeTags(7, m.Tags)
+	n := SizeStringField(1, m.EventID) + SizeStringField(2, m.ClientID) + SizeStringField(3, m.Channel) + SizeStringField(4, m.Metadata) +
+		SizeBytesField(5, m.Body) + SizeTagsField(7, m.Tags)
 	if m.Store {
 		n += 2
 	}
@@ -166,42 +183,42 @@ func sizeEvent(m *kubemqpb.Event) int {
 // AppendEvent appends the encoding of m.
 func AppendEvent(b []byte, m *kubemqpb.Event) ([]byte, bool) {
 	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 ||
-		!valid(m.EventID, m.ClientID, m.Channel, m.Metadata) || !validTags(m.Tags) {
+		!ValidStrings(m.EventID, m.ClientID, m.Channel, m.Metadata) || !ValidTags(m.Tags) {
 		return b, false
 	}
-	b = appendStr(b, 1, m.EventID)
-	b = appendStr(b, 2, m.ClientID)
-	b = appendStr(b, 3, m.Channel)
-	b = appendStr(b, 4, m.Metadata)
-	b = appendBytes(b, 5, m.Body)
-	b = appendBool(b, 6, m.Store)
-	return appendTags(b, 7, m.Tags), true
+	b = AppendStringField(b, 1, m.EventID)
+	b = AppendStringField(b, 2, m.ClientID)
+	b = AppendStringField(b, 3, m.Channel)
+	b = AppendStringField(b, 4, m.Metadata)
+	b = AppendBytesField(b, 5, m.Body)
+	b = AppendBoolField(b, 6, m.Store)
+	return AppendTagsField(b, 7, m.Tags), true
 }
 
 func sizeEventReceive(m *kubemqpb.EventReceive) int {
-	return sizeStr(1, m.EventID) + sizeStr(2, m.Channel) + sizeStr(3, m.Metadata) + sizeBytes(4, m.Body) +
-		sizeVarint(5, uint64(m.Timestamp)) + sizeVarint(6, m.Sequence) + sizeTags(7, m.Tags)
+	return SizeStringField(1, m.EventID) + SizeStringField(2, m.Channel) + SizeStringField(3, m.Metadata) + SizeBytesField(4, m.Body) +
+		SizeVarintField(5, uint64(m.Timestamp)) + SizeVarintField(6, m.Sequence) + SizeTagsField(7, m.Tags)
 }
 
 // AppendEventReceive appends the encoding of m.
 func AppendEventReceive(b []byte, m *kubemqpb.EventReceive) ([]byte, bool) {
 	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 ||
-		!valid(m.EventID, m.Channel, m.Metadata) || !validTags(m.Tags) {
+		!ValidStrings(m.EventID, m.Channel, m.Metadata) || !ValidTags(m.Tags) {
 		return b, false
 	}
-	b = appendStr(b, 1, m.EventID)
-	b = appendStr(b, 2, m.Channel)
-	b = appendStr(b, 3, m.Metadata)
-	b = appendBytes(b, 4, m.Body)
-	b = appendVarint(b, 5, uint64(m.Timestamp))
-	b = appendVarint(b, 6, m.Sequence)
-	return appendTags(b, 7, m.Tags), true
+	b = AppendStringField(b, 1, m.EventID)
+	b = AppendStringField(b, 2, m.Channel)
+	b = AppendStringField(b, 3, m.Metadata)
+	b = AppendBytesField(b, 4, m.Body)
+	b = AppendVarintField(b, 5, uint64(m.Timestamp))
+	b = AppendVarintField(b, 6, m.Sequence)
+	return AppendTagsField(b, 7, m.Tags), true
 }
 
 func sizeAttributes(a *kubemqpb.QueueMessageAttributes) int {
-	n := sizeVarint(1, uint64(a.Timestamp)) + sizeVarint(2, a.Sequence) + sizeStr(3, a.MD5OfBody) +
-		sizeVarint(4, uint64(int64(a.ReceiveCount))) + sizeStr(6, a.ReRoutedFromQueue) +
-		sizeVarint(7, uint64(a.ExpirationAt)) + sizeVarint(8, uint64(a.DelayedTo))
+	n := SizeVarintField(1, uint64(a.Timestamp)) + SizeVarintField(2, a.Sequence) + SizeStringField(3, a.MD5OfBody) +
+		SizeVarintField(4, uint64(int64(a.ReceiveCount))) + SizeStringField(6, a.ReRoutedFromQueue) +
+		SizeVarintField(7, uint64(a.ExpirationAt)) + SizeVarintField(8, uint64(a.DelayedTo))
 	if a.ReRouted {
 		n += 2
 	}
@@ -209,19 +226,19 @@ func sizeAttributes(a *kubemqpb.QueueMessageAttributes) int {
 }
 
 func sizePolicy(p *kubemqpb.QueueMessagePolicy) int {
-	return sizeVarint(1, uint64(int64(p.ExpirationSeconds))) + sizeVarint(2, uint64(int64(p.DelaySeconds))) +
-		sizeVarint(3, uint64(int64(p.MaxReceiveCount))) + sizeStr(4, p.MaxReceiveQueue)
+	return SizeVarintField(1, uint64(int64(p.ExpirationSeconds))) + SizeVarintField(2, uint64(int64(p.DelaySeconds))) +
+		SizeVarintField(3, uint64(int64(p.MaxReceiveCount))) + SizeStringField(4, p.MaxReceiveQueue)
 }
 
 func sizeQueueMessage(m *kubemqpb.QueueMessage) int {
-	n := sizeStr(1, m.MessageID) + sizeStr(2, m.ClientID) + sizeStr(3, m.Channel) + sizeStr(4, m.Metadata) +
-		sizeBytes(5, m.Body) + sizeTags(6, m.Tags) + sizeStr(9, m.Topic) +
-		sizeVarint(10, uint64(int64(m.Partition))) + sizeStr(11, m.PartitionKey)
+	n := SizeStringField(1, m.MessageID) + SizeStringField(2, m.ClientID) + SizeStringField(3, m.Channel) + SizeStringField(4, m.Metadata) +
+		SizeBytesField(5, m.Body) + SizeTagsField(6, m.Tags) + SizeStringField(9, m.Topic) +
+		SizeVarintField(10, uint64(int64(m.Partition))) + SizeStringField(11, m.PartitionKey)
 	if m.Attributes != nil {
-		n += sizeMsg(7, sizeAttributes(m.Attributes))
+		n += SizeMessageField(7, sizeAttributes(m.Attributes))
 	}
 	if m.Policy != nil {
-		n += sizeMsg(8, sizePolicy(m.Policy))
+		n += SizeMessageField(8, sizePolicy(m.Policy))
 	}
 	return n
 }
@@ -236,48 +253,48 @@ func AppendQueueMessage(b []byte, m *kubemqpb.QueueMessage) ([]byte, bool) {
 
 func queueMessageOK(m *kubemqpb.QueueMessage) bool {
 	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 ||
-		!valid(m.MessageID, m.ClientID, m.Channel, m.Metadata, m.Topic, m.PartitionKey) || !validTags(m.Tags) {
+		!ValidStrings(m.MessageID, m.ClientID, m.Channel, m.Metadata, m.Topic, m.PartitionKey) || !ValidTags(m.Tags) {
 		return false
 	}
-	if a := m.Attributes; a != nil && (len(a.ProtoReflect().GetUnknown()) > 0 || !valid(a.MD5OfBody, a.ReRoutedFromQueue)) {
+	if a := m.Attributes; a != nil && (len(a.ProtoReflect().GetUnknown()) > 0 || !ValidStrings(a.MD5OfBody, a.ReRoutedFromQueue)) {
 		return false
 	}
-	if p := m.Policy; p != nil && (len(p.ProtoReflect().GetUnknown()) > 0 || !valid(p.MaxReceiveQueue)) {
+	if p := m.Policy; p != nil && (len(p.ProtoReflect().GetUnknown()) > 0 || !ValidStrings(p.MaxReceiveQueue)) {
 		return false
 	}
 	return true
 }
 
 func appendQueueMessage(b []byte, m *kubemqpb.QueueMessage) []byte {
-	b = appendStr(b, 1, m.MessageID)
-	b = appendStr(b, 2, m.ClientID)
-	b = appendStr(b, 3, m.Channel)
-	b = appendStr(b, 4, m.Metadata)
-	b = appendBytes(b, 5, m.Body)
-	b = appendTags(b, 6, m.Tags)
+	b = AppendStringField(b, 1, m.MessageID)
+	b = AppendStringField(b, 2, m.ClientID)
+	b = AppendStringField(b, 3, m.Channel)
+	b = AppendStringField(b, 4, m.Metadata)
+	b = AppendBytesField(b, 5, m.Body)
+	b = AppendTagsField(b, 6, m.Tags)
 	if a := m.Attributes; a != nil {
 		b = protowire.AppendTag(b, 7, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sizeAttributes(a)))
-		b = appendVarint(b, 1, uint64(a.Timestamp))
-		b = appendVarint(b, 2, a.Sequence)
-		b = appendStr(b, 3, a.MD5OfBody)
-		b = appendVarint(b, 4, uint64(int64(a.ReceiveCount)))
-		b = appendBool(b, 5, a.ReRouted)
-		b = appendStr(b, 6, a.ReRoutedFromQueue)
-		b = appendVarint(b, 7, uint64(a.ExpirationAt))
-		b = appendVarint(b, 8, uint64(a.DelayedTo))
+		b = AppendVarintField(b, 1, uint64(a.Timestamp))
+		b = AppendVarintField(b, 2, a.Sequence)
+		b = AppendStringField(b, 3, a.MD5OfBody)
+		b = AppendVarintField(b, 4, uint64(int64(a.ReceiveCount)))
+		b = AppendBoolField(b, 5, a.ReRouted)
+		b = AppendStringField(b, 6, a.ReRoutedFromQueue)
+		b = AppendVarintField(b, 7, uint64(a.ExpirationAt))
+		b = AppendVarintField(b, 8, uint64(a.DelayedTo))
 	}
 	if p := m.Policy; p != nil {
 		b = protowire.AppendTag(b, 8, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sizePolicy(p)))
-		b = appendVarint(b, 1, uint64(int64(p.ExpirationSeconds)))
-		b = appendVarint(b, 2, uint64(int64(p.DelaySeconds)))
-		b = appendVarint(b, 3, uint64(int64(p.MaxReceiveCount)))
-		b = appendStr(b, 4, p.MaxReceiveQueue)
+		b = AppendVarintField(b, 1, uint64(int64(p.ExpirationSeconds)))
+		b = AppendVarintField(b, 2, uint64(int64(p.DelaySeconds)))
+		b = AppendVarintField(b, 3, uint64(int64(p.MaxReceiveCount)))
+		b = AppendStringField(b, 4, p.MaxReceiveQueue)
 	}
-	b = appendStr(b, 9, m.Topic)
-	b = appendVarint(b, 10, uint64(int64(m.Partition)))
-	return appendStr(b, 11, m.PartitionKey)
+	b = AppendStringField(b, 9, m.Topic)
+	b = AppendVarintField(b, 10, uint64(int64(m.Partition)))
+	return AppendStringField(b, 11, m.PartitionKey)
 }
 
 // The repeated QueueMessage field of a batch and of a Get answer.
@@ -285,7 +302,7 @@ func appendQueueMessage(b []byte, m *kubemqpb.QueueMessage) []byte {
 func sizeQueueMessages(num protowire.Number, ms []*kubemqpb.QueueMessage) int {
 	n := 0
 	for _, q := range ms {
-		n += sizeMsg(num, sizeQueueMessage(q))
+		n += SizeMessageField(num, sizeQueueMessage(q))
 	}
 	return n
 }
@@ -310,10 +327,10 @@ func appendQueueMessages(b []byte, num protowire.Number, ms []*kubemqpb.QueueMes
 
 // AppendQueueMessagesBatchRequest appends the encoding of m.
 func AppendQueueMessagesBatchRequest(b []byte, m *kubemqpb.QueueMessagesBatchRequest) ([]byte, bool) {
-	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.BatchID) || !queueMessagesOK(m.Messages) {
+	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !ValidStrings(m.BatchID) || !queueMessagesOK(m.Messages) {
 		return b, false
 	}
-	b = appendStr(b, 1, m.BatchID)
+	b = AppendStringField(b, 1, m.BatchID)
 	return appendQueueMessages(b, 2, m.Messages), true
 }
 
@@ -334,8 +351,8 @@ func sizePacked(num protowire.Number, vs []int64) int {
 }
 
 func sizeDownstreamResponse(m *kubemqpb.QueuesDownstreamResponse) int {
-	n := sizeStr(1, m.TransactionId) + sizeStr(2, m.RefRequestId) + sizeVarint(3, uint64(int64(m.RequestTypeData))) +
-		sizeQueueMessages(4, m.Messages) + sizePacked(5, m.ActiveOffsets) + sizeStr(7, m.Error) + sizeTags(9, m.Metadata)
+	n := SizeStringField(1, m.TransactionId) + SizeStringField(2, m.RefRequestId) + SizeVarintField(3, uint64(int64(m.RequestTypeData))) +
+		sizeQueueMessages(4, m.Messages) + sizePacked(5, m.ActiveOffsets) + SizeStringField(7, m.Error) + SizeTagsField(9, m.Metadata)
 	if m.IsError {
 		n += 2
 	}
@@ -347,13 +364,13 @@ func sizeDownstreamResponse(m *kubemqpb.QueuesDownstreamResponse) int {
 
 // AppendQueuesDownstreamResponse appends the encoding of m.
 func AppendQueuesDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) ([]byte, bool) {
-	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !valid(m.TransactionId, m.RefRequestId, m.Error) ||
-		!validTags(m.Metadata) || !queueMessagesOK(m.Messages) {
+	if m == nil || len(m.ProtoReflect().GetUnknown()) > 0 || !ValidStrings(m.TransactionId, m.RefRequestId, m.Error) ||
+		!ValidTags(m.Metadata) || !queueMessagesOK(m.Messages) {
 		return b, false
 	}
-	b = appendStr(b, 1, m.TransactionId)
-	b = appendStr(b, 2, m.RefRequestId)
-	b = appendVarint(b, 3, uint64(int64(m.RequestTypeData)))
+	b = AppendStringField(b, 1, m.TransactionId)
+	b = AppendStringField(b, 2, m.RefRequestId)
+	b = AppendVarintField(b, 3, uint64(int64(m.RequestTypeData)))
 	b = appendQueueMessages(b, 4, m.Messages)
 	if len(m.ActiveOffsets) > 0 {
 		b = protowire.AppendTag(b, 5, protowire.BytesType)
@@ -362,8 +379,8 @@ func AppendQueuesDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamRespon
 			b = protowire.AppendVarint(b, uint64(v))
 		}
 	}
-	b = appendBool(b, 6, m.IsError)
-	b = appendStr(b, 7, m.Error)
-	b = appendBool(b, 8, m.TransactionComplete)
-	return appendTags(b, 9, m.Metadata), true
+	b = AppendBoolField(b, 6, m.IsError)
+	b = AppendStringField(b, 7, m.Error)
+	b = AppendBoolField(b, 8, m.TransactionComplete)
+	return AppendTagsField(b, 9, m.Metadata), true
 }

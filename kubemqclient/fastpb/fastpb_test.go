@@ -205,7 +205,7 @@ func TestDecode(t *testing.T) {
 		}
 	}
 	// Repeated scalar fields: the last wins, as in protobuf.
-	twice := append(appendStr(nil, 3, "first"), appendStr(nil, 3, "second")...)
+	twice := append(AppendStringField(nil, 3, "first"), AppendStringField(nil, 3, "second")...)
 	var e kubemqpb.Event
 	if !Unmarshal(twice, &e) || e.Channel != "second" {
 		t.Fatalf("repeated field: %v", &e)

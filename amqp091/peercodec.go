@@ -1,6 +1,8 @@
 package amqp091
 
 import (
+	"math"
+
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/kubemq-io/kubemq-proxy/amqp091/peerpb"
@@ -8,16 +10,17 @@ import (
 	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
 )
 
-// PeerFast encodes the link's deliveries (peerpb.LinkResponse with a
-// Delivery or Deliveries) without protobuf reflection, for the peer port's
-// codec (wirecodec.CodecWith): protobuf-go encodes a tag map through
+// PeerFast encodes and decodes the link's deliveries (peerpb.LinkResponse
+// with a Delivery or Deliveries) without protobuf reflection, for the peer
+// port's codec (wirecodec.CodecWith): protobuf-go encodes a tag map through
 // reflection with allocations per entry, which made the encoding of the
 // deliveries a sixth of what the replica that holds a queue spends serving
-// a forwarded consumer (BenchmarkFleet profiles). The output is the
-// standard encoding, so a replica with protobuf's codec reads it. Every
-// other message is left to protobuf.
+// a forwarded consumer (BenchmarkFleet profiles). The encoding is the
+// standard one, so a replica with protobuf's codec reads it; the decoder
+// leaves to protobuf whatever it does not know. Every other message is
+// left to protobuf.
 func PeerFast() *wirecodec.Fast {
-	return &wirecodec.Fast{Marshal: marshalPeer, SizeHint: peerSizeHint, Unmarshal: func([]byte, any) bool { return false }}
+	return &wirecodec.Fast{Marshal: marshalPeer, SizeHint: peerSizeHint, Unmarshal: unmarshalPeer}
 }
 
 // Field numbers of peer.proto.
@@ -113,4 +116,94 @@ func appendPeerDelivery(b []byte, d *peerpb.Delivery) []byte {
 	b = fastpb.AppendBoolField(b, 5, d.Redelivered)
 	b = fastpb.AppendVarintField(b, 6, uint64(d.MessageCount))
 	return fastpb.AppendVarintField(b, 7, uint64(d.StoredAt))
+}
+
+// unmarshalPeer decodes b into v when v is a LinkResponse and b holds one
+// Delivery or Deliveries with only the fields peer.proto gives them, as
+// fastpb.Unmarshal does (false, possibly after writing to v, otherwise: the
+// codec then uses proto.Unmarshal, which resets v). Bodies and strings are
+// copies.
+func unmarshalPeer(b []byte, v any) bool {
+	r, ok := v.(*peerpb.LinkResponse)
+	if !ok {
+		return false
+	}
+	r.Reset()
+	var ks fastpb.Keys
+	for len(b) > 0 {
+		f, rest, ok := fastpb.NextField(b)
+		if !ok || r.Kind != nil { // a oneof set twice: protobuf merges them
+			return false
+		}
+		b = rest
+		msg, ok := f.Message()
+		if !ok {
+			return false
+		}
+		switch f.Num() {
+		case respDelivery:
+			d := &peerpb.Delivery{}
+			if !decodePeerDelivery(msg, d, &ks) {
+				return false
+			}
+			r.Kind = &peerpb.LinkResponse_Delivery{Delivery: d}
+		case respDeliveries:
+			ds := &peerpb.Deliveries{}
+			for len(msg) > 0 {
+				f, rest, ok := fastpb.NextField(msg)
+				if !ok || f.Num() != itemsField {
+					return false
+				}
+				msg = rest
+				item, ok := f.Message()
+				d := &peerpb.Delivery{}
+				if !ok || !decodePeerDelivery(item, d, &ks) {
+					return false
+				}
+				ds.Items = append(ds.Items, d)
+			}
+			r.Kind = &peerpb.LinkResponse_Deliveries{Deliveries: ds}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func decodePeerDelivery(b []byte, d *peerpb.Delivery, ks *fastpb.Keys) bool {
+	for len(b) > 0 {
+		f, rest, ok := fastpb.NextField(b)
+		if !ok {
+			return false
+		}
+		b = rest
+		var n uint64
+		switch f.Num() {
+		case 1:
+			d.Key, ok = f.Varint()
+		case 2:
+			d.Body, ok = f.Bytes()
+		case 3:
+			d.Metadata, ok = f.Str()
+		case 4:
+			var entry []byte
+			entry, ok = f.Message()
+			ok = ok && fastpb.MapEntry(entry, &d.Tags, ks)
+		case 5:
+			n, ok = f.Varint()
+			d.Redelivered = n != 0
+		case 6:
+			n, ok = f.Varint()
+			d.MessageCount = uint32(n & math.MaxUint32) // protobuf keeps the low 32 bits
+		case 7:
+			n, ok = f.Varint()
+			d.StoredAt = int64(n)
+		default:
+			return false
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -93,3 +93,79 @@ func FuzzPeerCodec(f *testing.F) {
 		checkPeerEncoding(t, &peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Deliveries{Deliveries: &peerpb.Deliveries{Items: []*peerpb.Delivery{d, d}}}}, valid)
 	})
 }
+
+// checkPeerDecoding decodes b with the peer codec's decoder: when it accepts b, protobuf decodes
+// b too, to the same message; when protobuf refuses b, the decoder refuses it too.
+func checkPeerDecoding(t *testing.T, b []byte) (accepted bool) {
+	t.Helper()
+	var fast, slow peerpb.LinkResponse
+	accepted = unmarshalPeer(b, &fast)
+	err := proto.Unmarshal(b, &slow)
+	switch {
+	case accepted && err != nil:
+		t.Fatalf("decoded %x, which protobuf refuses (%v), as %v", b, err, &fast)
+	case accepted && !proto.Equal(&fast, &slow):
+		t.Fatalf("decoded %x as %v, protobuf as %v", b, &fast, &slow)
+	}
+	return accepted
+}
+
+func TestPeerCodecDecodesDeliveries(t *testing.T) {
+	full := delivery1(1<<40, "body", `{"content_type":"text/plain"}`, map[string]string{"x-exchange": "ex", "x-routing-key": "rk", "": "", "h": ""}, true, 7, 1_700_000_000_000_000_000)
+	negative := delivery1(3, "", "", nil, false, 0, -1)
+	for _, r := range []*peerpb.LinkResponse{
+		{},
+		{Kind: &peerpb.LinkResponse_Delivery{Delivery: full}},
+		{Kind: &peerpb.LinkResponse_Delivery{Delivery: &peerpb.Delivery{}}},
+		{Kind: &peerpb.LinkResponse_Deliveries{Deliveries: &peerpb.Deliveries{Items: []*peerpb.Delivery{full, negative, full}}}},
+		{Kind: &peerpb.LinkResponse_Deliveries{Deliveries: &peerpb.Deliveries{}}},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !checkPeerDecoding(t, b) {
+			t.Fatalf("declined protobuf's encoding of %v", r)
+		}
+	}
+	// Left to protobuf: other kinds, unknown fields, a oneof given twice, a message count
+	// beyond 32 bits.
+	opened, _ := proto.Marshal(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Opened{Opened: &peerpb.Opened{ReadAhead: true}}})
+	one, _ := proto.Marshal(&peerpb.LinkResponse{Kind: &peerpb.LinkResponse_Delivery{Delivery: full}})
+	unknown := protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1)
+	inDelivery := protowire.AppendBytes(protowire.AppendTag(nil, respDelivery, protowire.BytesType), unknown)
+	wide := protowire.AppendVarint(protowire.AppendTag(nil, 6, protowire.VarintType), 1<<33+5)
+	wideDelivery := protowire.AppendBytes(protowire.AppendTag(nil, respDelivery, protowire.BytesType), wide)
+	for name, b := range map[string][]byte{
+		"opened": opened, "unknown field": append(append([]byte{}, one...), unknown...), "unknown in delivery": inDelivery,
+		"twice": append(append([]byte{}, one...), one...), "truncated": one[:len(one)-1],
+	} {
+		if checkPeerDecoding(t, b) {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	// A count beyond 32 bits keeps its low bits, as protobuf does.
+	if !checkPeerDecoding(t, wideDelivery) {
+		t.Error("declined a message count beyond 32 bits")
+	}
+	if unmarshalPeer(one, &peerpb.LinkRequest{}) {
+		t.Fatal("decoded into a LinkRequest")
+	}
+}
+
+// FuzzPeerDecode: any bytes the decoder accepts, protobuf decodes to the same message.
+func FuzzPeerDecode(f *testing.F) {
+	for _, r := range []*peerpb.LinkResponse{
+		{Kind: &peerpb.LinkResponse_Delivery{Delivery: delivery1(1, "b", "m", map[string]string{"k": "v"}, true, 2, 3)}},
+		{Kind: &peerpb.LinkResponse_Deliveries{Deliveries: &peerpb.Deliveries{Items: []*peerpb.Delivery{delivery1(1, "b", "", nil, false, 0, -1), {}}}}},
+		{Kind: &peerpb.LinkResponse_Cancelled{Cancelled: &peerpb.Cancelled{Reason: "gone"}}},
+	} {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x12, 0x02, 0x22, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) { checkPeerDecoding(t, b) })
+}

@@ -27,24 +27,25 @@ func Unmarshal(b []byte, v any) bool {
 		return decodeDownstreamResponse(b, m)
 	case *kubemqpb.QueueMessage:
 		m.Reset()
-		var ks keys
+		var ks Keys
 		return decodeQueueMessage(b, m, &ks)
 	}
 	return false
 }
 
-// field reads one field's tag and value: for bytes fields val is the
-// content, for varint fields n holds the value.
-type field struct {
+// Field is one field's tag and value as NextField read it: for bytes
+// fields val is the content, for varint fields n holds the value. Other
+// packages' hand-written decoders use it too (amqp091's peer link).
+type Field struct {
 	num protowire.Number
 	typ protowire.Type
 	val []byte
 	n   uint64
 }
 
-// next consumes one field from b; ok is false for anything malformed or of
+// NextField consumes one field from b; ok is false for anything malformed or of
 // a wire type other than varint and bytes.
-func next(b []byte) (f field, rest []byte, ok bool) {
+func NextField(b []byte) (f Field, rest []byte, ok bool) {
 	num, typ, k := protowire.ConsumeTag(b)
 	if k < 0 {
 		return f, nil, false
@@ -70,34 +71,46 @@ func next(b []byte) (f field, rest []byte, ok bool) {
 	return f, nil, false
 }
 
-// str returns a bytes field as a string; ok is false for a wrong wire type
+// Str returns a bytes field as a string; ok is false for a wrong wire type
 // or invalid UTF-8 (protobuf refuses those for proto3 strings).
-func (f field) str() (string, bool) {
+func (f Field) Str() (string, bool) {
 	if f.typ != protowire.BytesType || !utf8.Valid(f.val) {
 		return "", false
 	}
 	return string(f.val), true
 }
 
-func (f field) bytes() ([]byte, bool) {
+// Bytes returns a copy of a bytes field's content; ok is false for a wrong
+// wire type.
+func (f Field) Bytes() ([]byte, bool) {
 	if f.typ != protowire.BytesType {
 		return nil, false
 	}
 	return append([]byte(nil), f.val...), true
 }
 
-func (f field) varint() (uint64, bool) { return f.n, f.typ == protowire.VarintType }
+// Varint returns a varint field's value; ok is false for a wrong wire type.
+func (f Field) Varint() (uint64, bool) { return f.n, f.typ == protowire.VarintType }
 
-// keys interns tag keys within one decode: the messages of a batch share
+// Num is the field's number.
+func (f Field) Num() protowire.Number { return f.num }
+
+// Message returns a bytes field's content without copying it (a nested
+// message to decode in turn); ok is false for a wrong wire type.
+func (f Field) Message() ([]byte, bool) { return f.val, f.typ == protowire.BytesType }
+
+// Keys interns tag keys within one decode: the messages of a batch share
 // theirs (the proxy's reserved tags), and each would otherwise hold its own
 // copies for as long as it is leased. A fixed array: it lives on the
 // decoder's stack, where a slice would be allocated as it grew.
-type keys struct {
+type Keys struct {
 	n  int
 	ks [16]string
 }
 
-func (ks *keys) get(b []byte) (string, bool) {
+// Get returns b as a UTF-8 string, the same string for the same key
+// within this Keys; ok is false when b is not UTF-8.
+func (ks *Keys) Get(b []byte) (string, bool) {
 	for _, k := range ks.ks[:ks.n] {
 		if k == string(b) { // no allocation for the comparison
 			return k, true
@@ -114,11 +127,11 @@ func (ks *keys) get(b []byte) (string, bool) {
 	return k, true
 }
 
-// mapEntry decodes one map<string,string> entry into tags.
-func mapEntry(b []byte, tags *map[string]string, ks *keys) bool {
+// MapEntry decodes one map<string,string> entry into tags (made when nil).
+func MapEntry(b []byte, tags *map[string]string, ks *Keys) bool {
 	var k, v string
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
@@ -128,11 +141,11 @@ func mapEntry(b []byte, tags *map[string]string, ks *keys) bool {
 			if f.typ != protowire.BytesType {
 				return false
 			}
-			if k, ok = ks.get(f.val); !ok {
+			if k, ok = ks.Get(f.val); !ok {
 				return false
 			}
 		case 2:
-			if v, ok = f.str(); !ok {
+			if v, ok = f.Str(); !ok {
 				return false
 			}
 		default:
@@ -147,30 +160,30 @@ func mapEntry(b []byte, tags *map[string]string, ks *keys) bool {
 }
 
 func decodeEvent(b []byte, m *kubemqpb.Event) bool {
-	var ks keys
+	var ks Keys
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
 		b = rest
 		switch f.num {
 		case 1:
-			m.EventID, ok = f.str()
+			m.EventID, ok = f.Str()
 		case 2:
-			m.ClientID, ok = f.str()
+			m.ClientID, ok = f.Str()
 		case 3:
-			m.Channel, ok = f.str()
+			m.Channel, ok = f.Str()
 		case 4:
-			m.Metadata, ok = f.str()
+			m.Metadata, ok = f.Str()
 		case 5:
-			m.Body, ok = f.bytes()
+			m.Body, ok = f.Bytes()
 		case 6:
 			var v uint64
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			m.Store = v != 0
 		case 7:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags, &ks)
+			ok = f.typ == protowire.BytesType && MapEntry(f.val, &m.Tags, &ks)
 		default:
 			return false
 		}
@@ -182,16 +195,16 @@ func decodeEvent(b []byte, m *kubemqpb.Event) bool {
 }
 
 func decodeBatch(b []byte, m *kubemqpb.QueueMessagesBatchRequest) bool {
-	var ks keys
+	var ks Keys
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
 		b = rest
 		switch f.num {
 		case 1:
-			m.BatchID, ok = f.str()
+			m.BatchID, ok = f.Str()
 		case 2:
 			q := &kubemqpb.QueueMessage{}
 			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q, &ks)
@@ -206,9 +219,9 @@ func decodeBatch(b []byte, m *kubemqpb.QueueMessagesBatchRequest) bool {
 	return true
 }
 
-func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *keys) bool {
+func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *Keys) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
@@ -216,17 +229,17 @@ func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *keys) bool {
 		var v uint64
 		switch f.num {
 		case 1:
-			m.MessageID, ok = f.str()
+			m.MessageID, ok = f.Str()
 		case 2:
-			m.ClientID, ok = f.str()
+			m.ClientID, ok = f.Str()
 		case 3:
-			m.Channel, ok = f.str()
+			m.Channel, ok = f.Str()
 		case 4:
-			m.Metadata, ok = f.str()
+			m.Metadata, ok = f.Str()
 		case 5:
-			m.Body, ok = f.bytes()
+			m.Body, ok = f.Bytes()
 		case 6:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Tags, ks)
+			ok = f.typ == protowire.BytesType && MapEntry(f.val, &m.Tags, ks)
 		case 7:
 			if m.Attributes == nil {
 				m.Attributes = &kubemqpb.QueueMessageAttributes{}
@@ -238,12 +251,12 @@ func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *keys) bool {
 			}
 			ok = f.typ == protowire.BytesType && decodePolicy(f.val, m.Policy)
 		case 9:
-			m.Topic, ok = f.str()
+			m.Topic, ok = f.Str()
 		case 10:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			m.Partition = int32(v)
 		case 11:
-			m.PartitionKey, ok = f.str()
+			m.PartitionKey, ok = f.Str()
 		default:
 			return false
 		}
@@ -256,7 +269,7 @@ func decodeQueueMessage(b []byte, m *kubemqpb.QueueMessage, ks *keys) bool {
 
 func decodeAttributes(b []byte, a *kubemqpb.QueueMessageAttributes) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
@@ -264,25 +277,25 @@ func decodeAttributes(b []byte, a *kubemqpb.QueueMessageAttributes) bool {
 		var v uint64
 		switch f.num {
 		case 1:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			a.Timestamp = int64(v)
 		case 2:
-			a.Sequence, ok = f.varint()
+			a.Sequence, ok = f.Varint()
 		case 3:
-			a.MD5OfBody, ok = f.str()
+			a.MD5OfBody, ok = f.Str()
 		case 4:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			a.ReceiveCount = int32(v)
 		case 5:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			a.ReRouted = v != 0
 		case 6:
-			a.ReRoutedFromQueue, ok = f.str()
+			a.ReRoutedFromQueue, ok = f.Str()
 		case 7:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			a.ExpirationAt = int64(v)
 		case 8:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			a.DelayedTo = int64(v)
 		default:
 			return false
@@ -296,7 +309,7 @@ func decodeAttributes(b []byte, a *kubemqpb.QueueMessageAttributes) bool {
 
 func decodePolicy(b []byte, p *kubemqpb.QueueMessagePolicy) bool {
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
@@ -304,16 +317,16 @@ func decodePolicy(b []byte, p *kubemqpb.QueueMessagePolicy) bool {
 		var v uint64
 		switch f.num {
 		case 1:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			p.ExpirationSeconds = int32(v)
 		case 2:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			p.DelaySeconds = int32(v)
 		case 3:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			p.MaxReceiveCount = int32(v)
 		case 4:
-			p.MaxReceiveQueue, ok = f.str()
+			p.MaxReceiveQueue, ok = f.Str()
 		default:
 			return false
 		}
@@ -327,9 +340,9 @@ func decodePolicy(b []byte, p *kubemqpb.QueueMessagePolicy) bool {
 // decodeDownstreamResponse leaves ActiveOffsets (rare, packed or not) to
 // protobuf.
 func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bool {
-	var ks keys
+	var ks Keys
 	for len(b) > 0 {
-		f, rest, ok := next(b)
+		f, rest, ok := NextField(b)
 		if !ok {
 			return false
 		}
@@ -337,26 +350,26 @@ func decodeDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamResponse) bo
 		var v uint64
 		switch f.num {
 		case 1:
-			m.TransactionId, ok = f.str()
+			m.TransactionId, ok = f.Str()
 		case 2:
-			m.RefRequestId, ok = f.str()
+			m.RefRequestId, ok = f.Str()
 		case 3:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			m.RequestTypeData = kubemqpb.QueuesDownstreamRequestType(int32(v))
 		case 4:
 			q := &kubemqpb.QueueMessage{}
 			ok = f.typ == protowire.BytesType && decodeQueueMessage(f.val, q, &ks)
 			m.Messages = append(m.Messages, q)
 		case 6:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			m.IsError = v != 0
 		case 7:
-			m.Error, ok = f.str()
+			m.Error, ok = f.Str()
 		case 8:
-			v, ok = f.varint()
+			v, ok = f.Varint()
 			m.TransactionComplete = v != 0
 		case 9:
-			ok = f.typ == protowire.BytesType && mapEntry(f.val, &m.Metadata, &ks)
+			ok = f.typ == protowire.BytesType && MapEntry(f.val, &m.Metadata, &ks)
 		default:
 			return false
 		}

@@ -183,7 +183,7 @@ type cpuPerMsg struct{ holder, forwarder, backend float64 }
 // backend and the clients share its processors here).
 func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMsg float64, cpu [2]cpuPerMsg) {
 	h := f.replicas[0]
-	var prevEnd time.Time
+	prevEnd := time.Now() // the measurement before this one (drain, steady) ended about now
 	for i, on := range []*replica{h, f.replicas[1]} {
 		topic, target, key := f.benchTarget(b, proto, f.replicas)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -199,7 +199,7 @@ func (f *fleet) benchForward(b *testing.B, proto string, n int) (own, fwd, perMs
 		gate := make(chan struct{})
 		benchConsume(ctx, b, &wg, proto, on, target, l, gate, -1)
 		time.Sleep(2 * time.Second)
-		// KubeMQ releases the lease records of the run before (into that run's queue)
+		// KubeMQ releases the lease records of the run or measurement before (into its queue)
 		// record_delay after they were stored: let it before the clock starts, or the backend's
 		// work for them falls into this run (measured: 3-8 µs more backend CPU per message in
 		// the second run, on the processor the holder has).

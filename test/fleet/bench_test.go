@@ -167,9 +167,6 @@ func (f *fleet) benchRun(b *testing.B, proto string, rs []*replica, n int, stead
 	return float64(n) / took.Seconds()
 }
 
-// recordDelay is the replicas' delivery.record_delay (the default).
-const recordDelay = 10 * time.Second
-
 // cpuPerMsg is the processor time each process spent per message of a measurement, in µs (0
 // for a process not involved or not ours: an external KubeMQ).
 type cpuPerMsg struct{ holder, forwarder, backend float64 }

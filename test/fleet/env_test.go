@@ -28,6 +28,10 @@ func TestMain(m *testing.M) { proctest.Main(m) }
 // spurious handover, whose in-flight acks then came back).
 const lease = 8 * time.Second
 
+// recordDelay is the replicas' delivery.record_delay (the default), which the benchmark waits
+// out between its runs.
+const recordDelay = 10 * time.Second
+
 func randSuffix() string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -150,7 +154,7 @@ func (r *replica) start() {
 	r.mu.Lock()
 	args := []string{
 		"--gcp.listen", addr(r.gcp), "--amqp.listen", addr(r.amqp), "--amqp.tls_listen", "", "--amqp.management_listen", "127.0.0.1:0", "--http.listen", addr(r.http),
-		"--cluster.listen", addr(r.per), "--cluster.secret", f.secret, "--cluster.lease", lease.String(),
+		"--cluster.listen", addr(r.per), "--cluster.secret", f.secret, "--cluster.lease", lease.String(), "--delivery.record_delay", recordDelay.String(),
 		"--cluster.channel", "kubemq-proxy-fleet.cluster." + f.suffix,
 		"--kubemq.address", f.kubemq, "--registry.channel", "kubemq-proxy-fleet.registry." + f.suffix, "--log.level", logLevel(),
 	}

@@ -805,8 +805,7 @@ func (p *Proxy) startCluster(deps *Deps, factories []FrontendFactory) error {
 	return nil
 }
 
-// peerFast combines the front-ends' PeerFast encoders and decoders (nil when none has any):
-// each is tried in turn.
+// peerFast is the front-ends' PeerFast encoders and decoders, chained (nil when none has any).
 func peerFast(factories []FrontendFactory) *wirecodec.Fast {
 	var fs []*wirecodec.Fast
 	for _, f := range factories {
@@ -814,36 +813,5 @@ func peerFast(factories []FrontendFactory) *wirecodec.Fast {
 			fs = append(fs, f.PeerFast)
 		}
 	}
-	switch len(fs) {
-	case 0:
-		return nil
-	case 1:
-		return fs[0]
-	}
-	return &wirecodec.Fast{
-		Marshal: func(b []byte, v any) ([]byte, bool) {
-			for _, f := range fs {
-				if out, ok := f.Marshal(b, v); ok {
-					return out, true
-				}
-			}
-			return b, false
-		},
-		SizeHint: func(v any) int {
-			for _, f := range fs {
-				if n := f.SizeHint(v); n > 0 {
-					return n
-				}
-			}
-			return 0
-		},
-		Unmarshal: func(b []byte, v any) bool {
-			for _, f := range fs {
-				if f.Unmarshal(b, v) {
-					return true
-				}
-			}
-			return false
-		},
-	}
+	return wirecodec.Chain(fs...)
 }

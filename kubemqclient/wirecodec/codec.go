@@ -36,6 +36,43 @@ type Fast struct {
 	Unmarshal func(b []byte, v any) bool
 }
 
+// Chain is a Fast that tries each of fs in turn: nil for none, the one
+// itself for one.
+func Chain(fs ...*Fast) *Fast {
+	switch len(fs) {
+	case 0:
+		return nil
+	case 1:
+		return fs[0]
+	}
+	return &Fast{
+		Marshal: func(b []byte, v any) ([]byte, bool) {
+			for _, f := range fs {
+				if out, ok := f.Marshal(b, v); ok {
+					return out, true
+				}
+			}
+			return b, false
+		},
+		SizeHint: func(v any) int {
+			for _, f := range fs {
+				if n := f.SizeHint(v); n > 0 {
+					return n
+				}
+			}
+			return 0
+		},
+		Unmarshal: func(b []byte, v any) bool {
+			for _, f := range fs {
+				if f.Unmarshal(b, v) {
+					return true
+				}
+			}
+			return false
+		},
+	}
+}
+
 // CodecWith returns the codec with fast paths.
 func CodecWith(f Fast) encoding.CodecV2 { return codec{fast: &f} }
 

@@ -1,15 +1,11 @@
-package proxy
+package wirecodec
 
-import (
-	"testing"
-
-	"github.com/kubemq-io/kubemq-proxy/kubemqclient/wirecodec"
-)
+import "testing"
 
 // fastFor is a Fast that handles values of type T only: it appends tag, hints its length and
 // decodes only tag.
-func fastFor[T any](tag string) *wirecodec.Fast {
-	return &wirecodec.Fast{
+func fastFor[T any](tag string) *Fast {
+	return &Fast{
 		Marshal: func(b []byte, v any) ([]byte, bool) {
 			if _, ok := v.(T); ok {
 				return append(b, tag...), true
@@ -29,15 +25,15 @@ func fastFor[T any](tag string) *wirecodec.Fast {
 	}
 }
 
-func TestPeerFastCombinesFrontEnds(t *testing.T) {
-	if peerFast([]FrontendFactory{{Name: "a"}}) != nil {
-		t.Fatal("no front-end has encoders, yet peerFast is not nil")
+func TestChain(t *testing.T) {
+	if Chain() != nil {
+		t.Fatal("a chain of none is not nil")
 	}
 	one := fastFor[int]("int")
-	if peerFast([]FrontendFactory{{Name: "a"}, {Name: "b", PeerFast: one}}) != one {
-		t.Fatal("one front-end's encoders are not used as they are")
+	if Chain(one) != one {
+		t.Fatal("a chain of one is not that one")
 	}
-	f := peerFast([]FrontendFactory{{Name: "a", PeerFast: one}, {Name: "b", PeerFast: fastFor[string]("string")}})
+	f := Chain(one, fastFor[string]("string"))
 	for _, c := range []struct {
 		v    any
 		want string
@@ -48,6 +44,6 @@ func TestPeerFastCombinesFrontEnds(t *testing.T) {
 		}
 	}
 	if out, ok := f.Marshal([]byte("x"), 1.5); ok || string(out) != "x" || f.SizeHint(1.5) != 0 || f.Unmarshal([]byte("int"), 1.5) {
-		t.Error("a type no front-end encodes was encoded")
+		t.Error("a type no Fast of the chain encodes was encoded")
 	}
 }

@@ -218,10 +218,7 @@ func TestDirectReplyToMisuse(t *testing.T) {
 				conn := e.dial()
 				ch := e.channel(conn)
 				closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-				err := c.run(ch)
-				if errors.Is(err, amqp.ErrClosed) {
-					err = mustRecv(t, closed, "channel close")
-				}
+				err := closeOvertook(t, c.run(ch), closed)
 				var ae *amqp.Error
 				if !errors.As(err, &ae) {
 					t.Fatalf("error %v (%T), want %d %q", err, err, c.code, c.text)

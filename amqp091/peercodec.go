@@ -59,8 +59,7 @@ func marshalPeer(b []byte, v any) ([]byte, bool) {
 		if !peerDeliveryOK(d) {
 			return b, false
 		}
-		b = protowire.AppendTag(b, respDelivery, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizePeerDelivery(d)))
+		b = fastpb.AppendMessageHeader(b, respDelivery, sizePeerDelivery(d))
 		return appendPeerDelivery(b, d), true
 	case *peerpb.LinkResponse_Deliveries:
 		ds := k.Deliveries
@@ -72,11 +71,9 @@ func marshalPeer(b []byte, v any) ([]byte, bool) {
 				return b, false
 			}
 		}
-		b = protowire.AppendTag(b, respDeliveries, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizePeerItems(ds.Items)))
+		b = fastpb.AppendMessageHeader(b, respDeliveries, sizePeerItems(ds.Items))
 		for _, d := range ds.Items {
-			b = protowire.AppendTag(b, itemsField, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(sizePeerDelivery(d)))
+			b = fastpb.AppendMessageHeader(b, itemsField, sizePeerDelivery(d))
 			b = appendPeerDelivery(b, d)
 		}
 		return b, true

@@ -89,6 +89,14 @@ func SizeMessageField(num protowire.Number, n int) int {
 	return protowire.SizeTag(num) + protowire.SizeBytes(n)
 }
 
+// AppendMessageHeader appends the tag and length of message (or packed)
+// field num of n bytes, whose content the caller appends next
+// (SizeMessageField is the size of both).
+func AppendMessageHeader(b []byte, num protowire.Number, n int) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
 // SizeTagsField is the encoded size of map<string, string> field num.
 func SizeTagsField(num protowire.Number, tags map[string]string) int {
 	n := 0
@@ -141,8 +149,7 @@ func AppendBoolField(b []byte, num protowire.Number, v bool) []byte {
 // AppendTagsField appends map<string, string> field num, an entry per tag.
 func AppendTagsField(b []byte, num protowire.Number, tags map[string]string) []byte {
 	for k, v := range tags {
-		b = protowire.AppendTag(b, num, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(mapEntrySize(k, v)))
+		b = AppendMessageHeader(b, num, mapEntrySize(k, v))
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, k)
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
@@ -273,8 +280,7 @@ func appendQueueMessage(b []byte, m *kubemqpb.QueueMessage) []byte {
 	b = AppendBytesField(b, 5, m.Body)
 	b = AppendTagsField(b, 6, m.Tags)
 	if a := m.Attributes; a != nil {
-		b = protowire.AppendTag(b, 7, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeAttributes(a)))
+		b = AppendMessageHeader(b, 7, sizeAttributes(a))
 		b = AppendVarintField(b, 1, uint64(a.Timestamp))
 		b = AppendVarintField(b, 2, a.Sequence)
 		b = AppendStringField(b, 3, a.MD5OfBody)
@@ -285,8 +291,7 @@ func appendQueueMessage(b []byte, m *kubemqpb.QueueMessage) []byte {
 		b = AppendVarintField(b, 8, uint64(a.DelayedTo))
 	}
 	if p := m.Policy; p != nil {
-		b = protowire.AppendTag(b, 8, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizePolicy(p)))
+		b = AppendMessageHeader(b, 8, sizePolicy(p))
 		b = AppendVarintField(b, 1, uint64(int64(p.ExpirationSeconds)))
 		b = AppendVarintField(b, 2, uint64(int64(p.DelaySeconds)))
 		b = AppendVarintField(b, 3, uint64(int64(p.MaxReceiveCount)))
@@ -318,8 +323,7 @@ func queueMessagesOK(ms []*kubemqpb.QueueMessage) bool {
 
 func appendQueueMessages(b []byte, num protowire.Number, ms []*kubemqpb.QueueMessage) []byte {
 	for _, q := range ms {
-		b = protowire.AppendTag(b, num, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(sizeQueueMessage(q)))
+		b = AppendMessageHeader(b, num, sizeQueueMessage(q))
 		b = appendQueueMessage(b, q)
 	}
 	return b
@@ -373,8 +377,7 @@ func AppendQueuesDownstreamResponse(b []byte, m *kubemqpb.QueuesDownstreamRespon
 	b = AppendVarintField(b, 3, uint64(int64(m.RequestTypeData)))
 	b = appendQueueMessages(b, 4, m.Messages)
 	if len(m.ActiveOffsets) > 0 {
-		b = protowire.AppendTag(b, 5, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(packedLen(m.ActiveOffsets)))
+		b = AppendMessageHeader(b, 5, packedLen(m.ActiveOffsets))
 		for _, v := range m.ActiveOffsets {
 			b = protowire.AppendVarint(b, uint64(v))
 		}
